@@ -1,0 +1,290 @@
+//! Command-line and environment settings, validated once into `ServeConfig`.
+//!
+//! Architecture invariant: nothing runs until parsing succeeded; every invalid setting is
+//! reported with its flag and environment variable names. The validated config is passed
+//! down explicitly, in parts, never kept in a global.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use clap::{Args, Parser, Subcommand};
+
+use crate::budget::DEFAULT_BUDGET_KEYS;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "budgetscope",
+    version,
+    about = "An OTLP trace endpoint that shows where each request's deadline budget went",
+    long_about = "budgetscope receives OpenTelemetry traces over OTLP (gRPC and HTTP), stores \
+        them in SQLite (default) or Postgres, and reads the remaining deadline budget that \
+        services record on their spans (deadline.remaining_ms and friends).\n\n\
+        Every setting can also be given as an environment variable (shown as [env: …])."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the OTLP receivers, the UI and the JSON API.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address for OTLP/gRPC (TraceService/Export).
+    #[arg(long, env = "BUDGETSCOPE_OTLP_GRPC_ADDR", default_value = "127.0.0.1:4317")]
+    pub otlp_grpc_addr: String,
+
+    /// Address for OTLP/HTTP (POST /v1/traces).
+    #[arg(long, env = "BUDGETSCOPE_OTLP_HTTP_ADDR", default_value = "127.0.0.1:4318")]
+    pub otlp_http_addr: String,
+
+    /// Address for the web UI and the JSON API.
+    #[arg(long, env = "BUDGETSCOPE_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: String,
+
+    /// Database URL: sqlite://PATH (created if missing) or postgres://USER@HOST/DB.
+    #[arg(long, env = "BUDGETSCOPE_DB", default_value = "sqlite://budgetscope.db")]
+    pub db: String,
+
+    /// Span attributes read for the remaining budget, first match wins (comma-separated).
+    /// Keys ending in grpc-timeout are read in gRPC's format (850m); others as milliseconds.
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_BUDGET_KEYS",
+        value_delimiter = ',',
+        default_values_t = DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect::<Vec<_>>()
+    )]
+    pub budget_keys: Vec<String>,
+
+    /// Tolerance in milliseconds under which budget differences are never flagged.
+    #[arg(long, env = "BUDGETSCOPE_TOLERANCE_MS", default_value = "50", allow_negative_numbers = true)]
+    pub tolerance_ms: f64,
+
+    /// Largest OTLP request accepted, after decompression (e.g. 20MiB, 512KiB, 1000000).
+    #[arg(long, env = "BUDGETSCOPE_MAX_REQUEST_BYTES", default_value = "20MiB")]
+    pub max_request_bytes: String,
+
+    /// How long spans are kept (e.g. 7d, 12h, 30m).
+    #[arg(long, env = "BUDGETSCOPE_RETENTION", default_value = "7d")]
+    pub retention: String,
+
+    /// Browser origins allowed to export over OTLP/HTTP (comma-separated; none by default).
+    #[arg(long, env = "BUDGETSCOPE_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// Spans accepted but not yet committed, at most; beyond it exporters are told to retry.
+    #[arg(long, env = "BUDGETSCOPE_MAX_QUEUED_SPANS", default_value = "200000")]
+    pub max_queued_spans: usize,
+}
+
+/// Which database a URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbUrl {
+    Sqlite(String),
+    Postgres(String),
+}
+
+impl DbUrl {
+    pub fn as_str(&self) -> &str {
+        match self {
+            DbUrl::Sqlite(url) | DbUrl::Postgres(url) => url,
+        }
+    }
+}
+
+/// Serve settings after validation.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub otlp_grpc_addr: SocketAddr,
+    pub otlp_http_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub db: DbUrl,
+    pub budget_keys: Vec<String>,
+    pub tolerance_ms: f64,
+    pub max_request_bytes: usize,
+    pub retention: Duration,
+    pub cors_origins: Vec<HeaderValue>,
+    pub max_queued_spans: usize,
+}
+
+/// A setting that failed validation, named as the user wrote it.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{flag} (env {env}) {value:?}: {problem}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub env: &'static str,
+    pub value: String,
+    pub problem: String,
+}
+
+fn invalid(flag: &'static str, env: &'static str, value: &str, problem: impl Into<String>) -> ConfigError {
+    ConfigError { flag, env, value: value.to_string(), problem: problem.into() }
+}
+
+impl ServeArgs {
+    pub fn validate(&self) -> Result<ServeConfig, ConfigError> {
+        let addr = |flag, env, value: &str| {
+            parse_addr(value).ok_or_else(|| {
+                invalid(flag, env, value, "expected IP:PORT, e.g. 127.0.0.1:4317 or 0.0.0.0:4317")
+            })
+        };
+        let db = parse_db_url(&self.db).map_err(|p| invalid("db", "BUDGETSCOPE_DB", &self.db, p))?;
+        let budget_keys: Vec<String> =
+            self.budget_keys.iter().map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect();
+        if budget_keys.is_empty() {
+            return Err(invalid("budget-keys", "BUDGETSCOPE_BUDGET_KEYS", "", "name at least one attribute key"));
+        }
+        if !(self.tolerance_ms.is_finite() && self.tolerance_ms >= 0.0) {
+            return Err(invalid(
+                "tolerance-ms",
+                "BUDGETSCOPE_TOLERANCE_MS",
+                &self.tolerance_ms.to_string(),
+                "expected a number of milliseconds ≥ 0",
+            ));
+        }
+        let max_request_bytes = parse_size(&self.max_request_bytes)
+            .filter(|n| (1024..=1 << 30).contains(n))
+            .ok_or_else(|| {
+                invalid(
+                    "max-request-bytes",
+                    "BUDGETSCOPE_MAX_REQUEST_BYTES",
+                    &self.max_request_bytes,
+                    "expected a size from 1KiB to 1GiB, e.g. 20MiB",
+                )
+            })?;
+        let retention = humantime::parse_duration(&self.retention)
+            .ok()
+            .filter(|d| *d >= Duration::from_secs(60))
+            .ok_or_else(|| {
+                invalid("retention", "BUDGETSCOPE_RETENTION", &self.retention, "expected a duration of at least 1m, e.g. 7d or 12h")
+            })?;
+        let cors_origins = self
+            .cors_origins
+            .iter()
+            .map(|o| o.trim())
+            .filter(|o| !o.is_empty())
+            .map(|o| {
+                let valid = (o.starts_with("http://") || o.starts_with("https://")) && !o.ends_with('/');
+                HeaderValue::from_str(o).ok().filter(|_| valid).ok_or_else(|| {
+                    invalid("cors-origins", "BUDGETSCOPE_CORS_ORIGINS", o, "expected origins like https://app.example.com")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.max_queued_spans == 0 {
+            return Err(invalid("max-queued-spans", "BUDGETSCOPE_MAX_QUEUED_SPANS", "0", "expected at least 1"));
+        }
+        Ok(ServeConfig {
+            otlp_grpc_addr: addr("otlp-grpc-addr", "BUDGETSCOPE_OTLP_GRPC_ADDR", &self.otlp_grpc_addr)?,
+            otlp_http_addr: addr("otlp-http-addr", "BUDGETSCOPE_OTLP_HTTP_ADDR", &self.otlp_http_addr)?,
+            http_addr: addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?,
+            db,
+            budget_keys,
+            tolerance_ms: self.tolerance_ms,
+            max_request_bytes,
+            retention,
+            cors_origins,
+            max_queued_spans: self.max_queued_spans,
+        })
+    }
+}
+
+fn parse_addr(text: &str) -> Option<SocketAddr> {
+    let text = text.trim();
+    text.parse().ok().or_else(|| {
+        let port = text.strip_prefix("localhost:")?;
+        format!("127.0.0.1:{port}").parse().ok()
+    })
+}
+
+pub fn parse_db_url(url: &str) -> Result<DbUrl, String> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(DbUrl::Postgres(url.to_string()))
+    } else if let Some(rest) = url.strip_prefix("sqlite:") {
+        if rest.trim_start_matches('/').is_empty() {
+            return Err("sqlite URL names no file; expected sqlite://PATH, e.g. sqlite://budgetscope.db".into());
+        }
+        Ok(DbUrl::Sqlite(url.to_string()))
+    } else {
+        Err("expected sqlite://PATH or postgres://USER@HOST/DB".into())
+    }
+}
+
+/// Parses `20MiB`, `512KiB`, `1GiB`, `1MB`, `1000`.
+pub fn parse_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: usize = digits.parse().ok()?;
+    let multiplier: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        _ => return None,
+    };
+    n.checked_mul(multiplier)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<ServeConfig, String> {
+        let mut argv = vec!["budgetscope", "serve"];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        let Command::Serve(serve) = cli.command else { unreachable!() };
+        serve.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_valid_and_local() {
+        let config = args(&[]).unwrap();
+        assert_eq!(config.otlp_grpc_addr.to_string(), "127.0.0.1:4317");
+        assert_eq!(config.otlp_http_addr.to_string(), "127.0.0.1:4318");
+        assert_eq!(config.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.db, DbUrl::Sqlite("sqlite://budgetscope.db".into()));
+        assert_eq!(config.max_request_bytes, 20 << 20);
+        assert_eq!(config.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
+        assert!(config.cors_origins.is_empty());
+    }
+
+    #[test]
+    fn invalid_settings_name_flag_and_env() {
+        let cases = [
+            (vec!["--otlp-grpc-addr", "nope"], "invalid --otlp-grpc-addr (env BUDGETSCOPE_OTLP_GRPC_ADDR) \"nope\""),
+            (vec!["--db", "mysql://x"], "invalid --db (env BUDGETSCOPE_DB)"),
+            (vec!["--db", "sqlite://"], "sqlite URL names no file"),
+            (vec!["--max-request-bytes", "20XB"], "invalid --max-request-bytes"),
+            (vec!["--retention", "5s"], "at least 1m"),
+            (vec!["--tolerance-ms", "-1"], "invalid --tolerance-ms"),
+            (vec!["--cors-origins", "example.com"], "invalid --cors-origins"),
+            (vec!["--budget-keys", ","], "name at least one attribute key"),
+        ];
+        for (extra, expected) in cases {
+            let error = args(&extra).unwrap_err();
+            assert!(error.contains(expected), "{extra:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn sizes_and_lists_parse() {
+        assert_eq!(parse_size("512KiB"), Some(512 * 1024));
+        assert_eq!(parse_size("1000"), Some(1000));
+        assert_eq!(parse_size("1 MB"), Some(1_000_000));
+        assert_eq!(parse_size("MiB"), None);
+        let config = args(&["--budget-keys", "a, b", "--cors-origins", "https://x.example"]).unwrap();
+        assert_eq!(config.budget_keys, ["a", "b"]);
+        assert_eq!(config.cors_origins, [HeaderValue::from_static("https://x.example")]);
+        assert_eq!(args(&["--http-addr", "localhost:9000"]).unwrap().http_addr.to_string(), "127.0.0.1:9000");
+    }
+}

@@ -1,0 +1,150 @@
+//! The path from "a receiver decoded some spans" to "those spans are committed".
+//!
+//! Receivers `submit` spans and wait; writer tasks take every job queued at that moment,
+//! store them in one transaction (group commit) and answer each job. A receiver answers
+//! its exporter only after that answer, so an acknowledged span is a committed span.
+//!
+//! Architecture invariant: admission is decided before anything is queued. When the
+//! queued spans would pass `max_queued_spans`, `submit` refuses at once with
+//! `Overloaded`, and the receiver turns that into a retryable status; nothing accepted is
+//! ever dropped. A store error fails the jobs of that batch with `Unavailable` (also
+//! retryable); the spans are not kept in memory for a later try.
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::model::Span;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Spans accepted but not yet committed, at most. Past this, exporters are told to retry.
+    pub max_queued_spans: usize,
+    /// Spans per transaction, at most (a job is never split).
+    pub max_batch_spans: usize,
+    /// Concurrent writer tasks: 1 suits SQLite (one writer anyway), more suit Postgres.
+    pub writers: usize,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IngestError {
+    #[error("ingest queue is full")]
+    Overloaded,
+    #[error("store unavailable")]
+    Unavailable,
+    #[error("shutting down")]
+    Closed,
+}
+
+struct Job {
+    spans: Vec<Span>,
+    /// `spans.len()` at submission; `spans` is emptied when the batch takes them.
+    len: usize,
+    done: oneshot::Sender<Result<(), IngestError>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+pub struct Ingestor {
+    jobs: async_channel::Sender<Job>,
+    admission: Arc<Semaphore>,
+    max_queued_spans: usize,
+    writers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Ingestor {
+    /// Starts the writer tasks on the current runtime.
+    pub fn start(store: Arc<dyn Store>, options: &IngestOptions) -> Arc<Ingestor> {
+        let (jobs, queue) = async_channel::unbounded();
+        let writers = (0..options.writers.max(1))
+            .map(|_| tokio::spawn(write_loop(store.clone(), queue.clone(), options.max_batch_spans)))
+            .collect();
+        let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
+        Arc::new(Ingestor {
+            jobs,
+            admission: Arc::new(Semaphore::new(max_queued_spans)),
+            max_queued_spans,
+            writers: Mutex::new(writers),
+        })
+    }
+
+    /// Queues spans and waits until they are committed.
+    pub async fn submit(&self, spans: Vec<Span>) -> Result<(), IngestError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        // A request larger than the whole queue may still pass, alone.
+        let wanted = spans.len().min(self.max_queued_spans) as u32;
+        let permit = self
+            .admission
+            .clone()
+            .try_acquire_many_owned(wanted)
+            .map_err(|_| IngestError::Overloaded)?;
+        let (done, answer) = oneshot::channel();
+        self.jobs
+            .send(Job { len: spans.len(), spans, done, _permit: permit })
+            .await
+            .map_err(|_| IngestError::Closed)?;
+        // A writer always answers; a dropped sender means the writer task died.
+        answer.await.unwrap_or(Err(IngestError::Unavailable))
+    }
+
+    /// Stops accepting, commits everything already queued, and waits for the writers.
+    pub async fn shutdown(&self) {
+        self.jobs.close();
+        let writers = std::mem::take(&mut *self.writers.lock().await);
+        for writer in writers {
+            if let Err(error) = writer.await {
+                tracing::error!(%error, "ingest writer task failed");
+            }
+        }
+    }
+}
+
+async fn write_loop(store: Arc<dyn Store>, queue: async_channel::Receiver<Job>, max_batch_spans: usize) {
+    // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
+    while let Ok(first) = queue.recv().await {
+        let mut queued = first.spans.len();
+        let mut jobs = vec![first];
+        while queued < max_batch_spans {
+            match queue.try_recv() {
+                Ok(job) => {
+                    queued += job.spans.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        write_jobs(store.as_ref(), jobs).await;
+    }
+}
+
+/// Writes the jobs in one transaction. If that fails and there were several jobs, each is
+/// tried alone, so one job the database refuses cannot fail the others with it.
+async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
+    let spans: Vec<Span> = jobs.iter_mut().flat_map(|job| std::mem::take(&mut job.spans)).collect();
+    let result = store.write_spans(&spans).await;
+    if let Err(error) = &result {
+        log_failure(error, spans.len());
+        if jobs.len() > 1 {
+            let mut spans = spans.into_iter();
+            for job in jobs {
+                let own: Vec<Span> = spans.by_ref().take(job.len).collect();
+                let result = store.write_spans(&own).await;
+                if let Err(error) = &result {
+                    log_failure(error, own.len());
+                }
+                let _ = job.done.send(result.map_err(|_| IngestError::Unavailable));
+            }
+            return;
+        }
+    }
+    for job in jobs {
+        let _ = job.done.send(result.as_ref().map(|_| ()).map_err(|_| IngestError::Unavailable));
+    }
+}
+
+fn log_failure(error: &StoreError, spans: usize) {
+    tracing::warn!(%error, spans, "store write failed; exporters will be asked to retry");
+}

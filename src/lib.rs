@@ -1,0 +1,17 @@
+//! budgetscope: an OTLP trace endpoint that shows where each request's deadline budget went.
+//!
+//! Data flows one way: `receive` (OTLP decode) → `normalize` (our own `model::Span`) →
+//! `ingest` (queue, group commit) → `store` (SQLite or Postgres) → `web` (JSON API).
+//! ARCHITECTURE.md has the code map and each module's invariant.
+
+
+pub mod budget;
+pub mod codec;
+pub mod config;
+pub mod ingest;
+pub mod model;
+pub mod normalize;
+pub mod receive;
+pub mod server;
+pub mod store;
+pub mod web;

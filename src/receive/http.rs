@@ -1,0 +1,252 @@
+//! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json`,
+//! uncompressed or gzip.
+//!
+//! Statuses (OTLP specification): 200 with an `ExportTraceServiceResponse` (carrying
+//! `partial_success` when spans were rejected); 400 for a body that does not decode; 413
+//! when the body, after decompression, is over `max_request_bytes`; 415 for another content
+//! type or encoding; 503 with `Retry-After` when the spans cannot be taken now. Error
+//! bodies are a `google.rpc.Status` in the request's format (JSON when unknown).
+
+use std::io::Read as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::{BodyExt as _, LengthLimitError, Limited};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use prost::Message as _;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use super::{Accepted, RETRY_AFTER, Receiver, refusal_message};
+
+/// gRPC status codes used in `google.rpc.Status` bodies.
+const INVALID_ARGUMENT: i32 = 3;
+const RESOURCE_EXHAUSTED: i32 = 8;
+const UNAVAILABLE: i32 = 14;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Protobuf,
+    Json,
+}
+
+impl Format {
+    fn content_type(self) -> &'static str {
+        match self {
+            Format::Protobuf => "application/x-protobuf",
+            Format::Json => "application/json",
+        }
+    }
+}
+
+/// `google.rpc.Status` without details, as OTLP/HTTP error bodies carry it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+}
+
+/// A refused request: its HTTP status, its `google.rpc.Status` and the format to reply in.
+#[derive(Debug)]
+pub struct OtlpHttpError {
+    status: StatusCode,
+    code: i32,
+    message: String,
+    format: Format,
+    retry_after: bool,
+}
+
+impl OtlpHttpError {
+    fn new(status: StatusCode, code: i32, format: Format, message: impl Into<String>) -> Self {
+        OtlpHttpError { status, code, message: message.into(), format, retry_after: false }
+    }
+}
+
+impl IntoResponse for OtlpHttpError {
+    fn into_response(self) -> Response {
+        let status = RpcStatus { code: self.code, message: self.message };
+        let body = match self.format {
+            Format::Protobuf => status.encode_to_vec(),
+            Format::Json => serde_json::to_vec(&serde_json::json!({"code": status.code, "message": status.message}))
+                .unwrap_or_default(),
+        };
+        let mut response = (self.status, [(header::CONTENT_TYPE, self.format.content_type())], body).into_response();
+        if self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER.as_secs()));
+        }
+        response
+    }
+}
+
+struct HttpReceiver {
+    receiver: Arc<Receiver>,
+    max_request_bytes: usize,
+}
+
+/// The OTLP/HTTP router. `cors_origins` lists the browser origins allowed to export
+/// (none: no CORS headers, so browsers cannot).
+pub fn router(receiver: Arc<Receiver>, max_request_bytes: usize, cors_origins: &[HeaderValue]) -> Router {
+    let state = Arc::new(HttpReceiver { receiver, max_request_bytes });
+    let router = Router::new()
+        .route("/v1/traces", post(export))
+        // The handler enforces the limit itself, on the decompressed size too.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state);
+    if cors_origins.is_empty() {
+        return router;
+    }
+    router.layer(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(cors_origins.iter().cloned()))
+            .allow_methods([Method::POST])
+            .allow_headers([header::CONTENT_TYPE, header::CONTENT_ENCODING]),
+    )
+}
+
+async fn export(State(state): State<Arc<HttpReceiver>>, headers: HeaderMap, body: Body) -> Response {
+    match export_inner(&state, &headers, body).await {
+        Ok((format, accepted)) => success(format, accepted),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn export_inner(
+    state: &HttpReceiver,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Format, Accepted), OtlpHttpError> {
+    let format = content_format(headers)?;
+    let gzip = content_encoding_is_gzip(headers, format)?;
+    let limit = state.max_request_bytes;
+    let too_large = |what: &str| {
+        OtlpHttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            RESOURCE_EXHAUSTED,
+            format,
+            format!(
+                "request body is over {limit} bytes{what}; lower the exporter's batch size \
+                 (e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE) or raise --max-request-bytes"
+            ),
+        )
+    };
+    let raw = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large("")),
+        Err(error) => {
+            return Err(OtlpHttpError::new(
+                StatusCode::BAD_REQUEST,
+                INVALID_ARGUMENT,
+                format,
+                format!("could not read the request body: {error}"),
+            ));
+        }
+    };
+    let body = if gzip {
+        let mut out = Vec::new();
+        flate2::read::MultiGzDecoder::new(&raw[..])
+            .take(limit as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| {
+                OtlpHttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    INVALID_ARGUMENT,
+                    format,
+                    format!("Content-Encoding is gzip but the body does not gunzip: {e}"),
+                )
+            })?;
+        if out.len() > limit {
+            return Err(too_large(" after gzip decompression"));
+        }
+        out.into()
+    } else {
+        raw
+    };
+    let (request, lossy) = decode(&body, format)?;
+    let accepted = state.receiver.export(request, lossy.then_some(LOSSY_UTF8_WARNING)).await.map_err(|error| {
+        let mut refusal = OtlpHttpError::new(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, format, refusal_message(&error));
+        refusal.retry_after = true;
+        refusal
+    })?;
+    Ok((format, accepted))
+}
+
+/// The warning put on spans of a JSON body that was not valid UTF-8.
+pub const LOSSY_UTF8_WARNING: &str = "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
+
+fn content_format(headers: &HeaderMap) -> Result<Format, OtlpHttpError> {
+    let value = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match mime.as_str() {
+        "application/x-protobuf" | "application/protobuf" => Ok(Format::Protobuf),
+        "application/json" => Ok(Format::Json),
+        _ => Err(OtlpHttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_ARGUMENT,
+            Format::Json,
+            format!(
+                "unsupported Content-Type {value:?}: send application/x-protobuf or application/json"
+            ),
+        )),
+    }
+}
+
+fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool, OtlpHttpError> {
+    let Some(value) = headers.get(header::CONTENT_ENCODING) else { return Ok(false) };
+    let text = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
+    match text.as_str() {
+        "" | "identity" | "none" => Ok(false),
+        "gzip" | "x-gzip" => Ok(true),
+        _ => Err(OtlpHttpError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            INVALID_ARGUMENT,
+            format,
+            format!("unsupported Content-Encoding {text:?}: send gzip or no encoding"),
+        )),
+    }
+}
+
+/// Decodes the body; `true` when a JSON body had to be repaired into valid UTF-8.
+fn decode(body: &[u8], format: Format) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
+    let bad = |message: String| OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message);
+    match format {
+        Format::Protobuf => ExportTraceServiceRequest::decode(body).map(|r| (r, false)).map_err(|e| {
+            bad(format!(
+                "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
+                 check that Content-Type and Content-Encoding match what the exporter sends"
+            ))
+        }),
+        Format::Json => {
+            let (text, lossy) = match std::str::from_utf8(body) {
+                Ok(text) => (std::borrow::Cow::Borrowed(text), false),
+                Err(_) => (String::from_utf8_lossy(body), true),
+            };
+            serde_json::from_str(&text).map(|r| (r, lossy)).map_err(|e| {
+                bad(format!(
+                    "request body is not valid OTLP/JSON ({e}); OTLP/JSON uses lowerCamelCase keys, \
+                     hex trace and span ids, and integer enum values"
+                ))
+            })
+        }
+    }
+}
+
+fn success(format: Format, accepted: Accepted) -> Response {
+    let body = match format {
+        Format::Protobuf => accepted.into_response().encode_to_vec(),
+        Format::Json if accepted.rejected == 0 => b"{}".to_vec(),
+        Format::Json => serde_json::to_vec(&serde_json::json!({
+            "partialSuccess": {
+                "rejectedSpans": accepted.rejected,
+                "errorMessage": accepted.error_message,
+            }
+        }))
+        .unwrap_or_default(),
+    };
+    (StatusCode::OK, [(header::CONTENT_TYPE, format.content_type())], body).into_response()
+}

@@ -1,0 +1,87 @@
+//! OTLP receivers: gRPC (`grpc.rs`) and HTTP (`http.rs`) decode their transport and hand
+//! the request to `Receiver::export`, the one ingest function both share.
+//!
+//! Architecture invariant: a receiver answers success only after `Ingestor::submit`
+//! returned, i.e. after the spans were committed. Each failure maps to the status the
+//! OTLP specification gives it, so exporters retry exactly the retryable ones.
+
+pub mod grpc;
+pub mod http;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+
+use crate::ingest::{IngestError, Ingestor};
+use crate::normalize::{NormalizeOptions, normalize};
+
+/// How long exporters are asked to wait before retrying a refused request.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// What an accepted request produced: how many of its spans were invalid, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    pub stored: usize,
+    pub rejected: u64,
+    pub error_message: String,
+}
+
+impl Accepted {
+    /// The OTLP response: `partial_success` only when some spans were rejected.
+    pub fn into_response(self) -> ExportTraceServiceResponse {
+        ExportTraceServiceResponse {
+            partial_success: (self.rejected > 0).then(|| ExportTracePartialSuccess {
+                rejected_spans: i64::try_from(self.rejected).unwrap_or(i64::MAX),
+                error_message: self.error_message,
+            }),
+        }
+    }
+}
+
+pub struct Receiver {
+    ingestor: Arc<Ingestor>,
+    options: NormalizeOptions,
+}
+
+impl Receiver {
+    pub fn new(ingestor: Arc<Ingestor>, options: NormalizeOptions) -> Arc<Receiver> {
+        Arc::new(Receiver { ingestor, options })
+    }
+
+    /// Normalises, validates and commits one export request. `warning`, when given, is a
+    /// data-quality warning the transport found for the whole request (it goes on every span).
+    pub async fn export(
+        &self,
+        request: ExportTraceServiceRequest,
+        warning: Option<&str>,
+    ) -> Result<Accepted, IngestError> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let mut normalized = normalize(request, &self.options, now);
+        if let Some(warning) = warning {
+            for span in &mut normalized.spans {
+                span.warnings.push(warning.to_string());
+            }
+        }
+        let accepted = Accepted {
+            stored: normalized.spans.len(),
+            rejected: normalized.rejected,
+            error_message: normalized.error_message(),
+        };
+        self.ingestor.submit(normalized.spans).await?;
+        Ok(accepted)
+    }
+}
+
+/// What an exporter is told when its spans could not be taken now (always retryable).
+pub fn refusal_message(error: &IngestError) -> &'static str {
+    match error {
+        IngestError::Overloaded => {
+            "budgetscope is at its ingest limit (--max-queued-spans); retry after the delay given"
+        }
+        IngestError::Unavailable => "budgetscope's database is unavailable; retry after the delay given",
+        IngestError::Closed => "budgetscope is shutting down; retry against the restarted server",
+    }
+}

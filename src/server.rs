@@ -1,0 +1,211 @@
+//! `budgetscope serve`: wires the store, the ingest pipeline, the receivers, the web app
+//! and retention together, and takes them down in order.
+//!
+//! Shutdown order: stop accepting connections and let in-flight requests finish (each one
+//! waits for its commit), then close the ingest queue and let the writers drain it, then
+//! stop retention. So every span acknowledged to an exporter is committed before exit.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{DbUrl, ServeConfig};
+use crate::ingest::{IngestOptions, Ingestor};
+use crate::normalize::NormalizeOptions;
+use crate::receive::{self, Receiver};
+use crate::store::{self, Store};
+use crate::web::{self, AppState};
+
+/// Spans deleted per retention transaction, so deletes never hold the writer for long.
+const RETENTION_BATCH: u32 = 5_000;
+
+/// A started server and the addresses it actually bound (port 0 picks a free one).
+pub struct RunningServer {
+    pub otlp_grpc_addr: SocketAddr,
+    pub otlp_http_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub store: Arc<dyn Store>,
+    stop_accepting: CancellationToken,
+    stop_retention: CancellationToken,
+    listeners: Vec<JoinHandle<()>>,
+    retention: JoinHandle<()>,
+    ingestor: Arc<Ingestor>,
+}
+
+pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
+    IngestOptions {
+        max_queued_spans,
+        max_batch_spans: 20_000,
+        // SQLite takes one writer at a time; Postgres commits in parallel.
+        writers: match db {
+            DbUrl::Sqlite(_) => 1,
+            DbUrl::Postgres(_) => 4,
+        },
+    }
+}
+
+/// Opens the store and starts every listener.
+pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
+    let store = store::open(config.db.as_str()).await.with_context(|| {
+        format!("could not open the database {}; check --db (BUDGETSCOPE_DB)", redact(config.db.as_str()))
+    })?;
+    let ingestor = Ingestor::start(store.clone(), &ingest_options(&config.db, config.max_queued_spans));
+    let receiver = Receiver::new(ingestor.clone(), NormalizeOptions { budget_keys: config.budget_keys.clone() });
+
+    let bind = |addr: SocketAddr, flag: &'static str| async move {
+        TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("could not listen on {addr} (--{flag}); is another process using it?"))
+    };
+    let grpc_listener = bind(config.otlp_grpc_addr, "otlp-grpc-addr").await?;
+    let otlp_http_listener = bind(config.otlp_http_addr, "otlp-http-addr").await?;
+    let http_listener = bind(config.http_addr, "http-addr").await?;
+    let otlp_grpc_addr = grpc_listener.local_addr()?;
+    let otlp_http_addr = otlp_http_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+
+    let stop_accepting = CancellationToken::new();
+    let grpc = {
+        let service = receive::grpc::service(receiver.clone(), config.max_request_bytes);
+        let stop = stop_accepting.clone();
+        tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(grpc_listener),
+                    stop.cancelled_owned(),
+                )
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, "otlp grpc server failed");
+            }
+        })
+    };
+    let otlp_http = serve_axum(
+        otlp_http_listener,
+        receive::http::router(receiver, config.max_request_bytes, &config.cors_origins),
+        stop_accepting.clone(),
+        "otlp http",
+    );
+    let http = serve_axum(
+        http_listener,
+        web::app(AppState { store: store.clone() }),
+        stop_accepting.clone(),
+        "ui and api",
+    );
+    let stop_retention = CancellationToken::new();
+    let retention = tokio::spawn(retention_loop(store.clone(), config.retention, stop_retention.clone()));
+    tracing::info!(
+        %otlp_grpc_addr, %otlp_http_addr, %http_addr, store = store.backend(),
+        "budgetscope listening"
+    );
+    Ok(RunningServer {
+        otlp_grpc_addr,
+        otlp_http_addr,
+        http_addr,
+        store,
+        stop_accepting,
+        stop_retention,
+        listeners: vec![grpc, otlp_http, http],
+        retention,
+        ingestor,
+    })
+}
+
+fn serve_axum(
+    listener: TcpListener,
+    router: axum::Router,
+    stop: CancellationToken,
+    what: &'static str,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let result = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+        if let Err(error) = result {
+            tracing::error!(%error, server = what, "server failed");
+        }
+    })
+}
+
+impl RunningServer {
+    /// Stops accepting, finishes in-flight requests, commits everything queued.
+    pub async fn shutdown(self) {
+        self.stop_accepting.cancel();
+        for listener in self.listeners {
+            let _ = listener.await;
+        }
+        self.ingestor.shutdown().await;
+        self.stop_retention.cancel();
+        let _ = self.retention.await;
+        tracing::info!("budgetscope stopped; every acknowledged span is committed");
+    }
+}
+
+/// Deletes spans older than `retention` in bounded batches, every minute or so.
+async fn retention_loop(store: Arc<dyn Store>, retention: Duration, stop: CancellationToken) {
+    let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        let cutoff = SystemTime::now()
+            .checked_sub(retention)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut deleted = 0u64;
+        loop {
+            if stop.is_cancelled() {
+                return;
+            }
+            match store.delete_before(cutoff, RETENTION_BATCH).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < u64::from(RETENTION_BATCH) {
+                        break;
+                    }
+                    // Give ingest a turn at the writer between batches.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "retention pass failed; will try again");
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(deleted, "retention removed old spans");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// A database URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.find(':') {
+                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://x.db"), "sqlite://x.db");
+    }
+}

@@ -1,0 +1,226 @@
+//! Span storage: one trait, a SQLite and a Postgres implementation.
+//!
+//! Architecture invariant: every SQL statement lives in `sqlite.rs` or `postgres.rs`; no
+//! other module writes SQL. Both implementations pass the same conformance suite
+//! (`tests/store_conformance.rs`). Inserts are idempotent on (trace id, span id): the first
+//! copy stored wins, so exporter retries never duplicate a span.
+
+pub mod postgres;
+pub mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::codec;
+use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
+
+/// What can go wrong in a store. Messages are for logs; the web and receiver layers map
+/// these to their own responses and never show database text to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or refused the work; retrying later may succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data that cannot be read back (a bug or a hand-edited database).
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        StoreError::Unavailable(error.to_string())
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(error: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Unavailable(format!("migration failed: {error}"))
+    }
+}
+
+/// A (service, span name, kind) seen in stored spans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Operation {
+    pub name: String,
+    pub kind: SpanKind,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// "sqlite" or "postgres".
+    fn backend(&self) -> &'static str;
+
+    /// Succeeds when the database answers a trivial query.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Stores spans in one transaction: all of them or none. Spans already stored are kept
+    /// as they are.
+    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError>;
+
+    /// All spans of a trace, ordered by start time; empty when unknown.
+    async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError>;
+
+    /// Service names, sorted.
+    async fn services(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Operations of one service, sorted by name then kind.
+    async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError>;
+
+    /// Deletes at most `limit` spans that started before the cutoff, and operations last
+    /// seen before it. Returns how many spans were deleted.
+    async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError>;
+
+    /// How many spans are stored.
+    async fn span_count(&self) -> Result<u64, StoreError>;
+}
+
+/// Opens the store a database URL names and brings its schema up to date.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PostgresStore::connect(url).await?))
+    } else {
+        Ok(Arc::new(sqlite::SqliteStore::connect(url).await?))
+    }
+}
+
+/// A span encoded into column values, shared by both backends' inserts.
+pub(crate) struct SpanRow {
+    pub trace_id: Vec<u8>,
+    pub span_id: Vec<u8>,
+    pub parent_span_id: Option<Vec<u8>>,
+    pub service: String,
+    pub name: String,
+    pub kind: i16,
+    pub start_unix_nano: i64,
+    pub end_unix_nano: i64,
+    pub status_code: i16,
+    pub status_message: String,
+    pub budget_ms: Option<f64>,
+    pub budget_source: Option<String>,
+    pub attributes: String,
+    pub resource: String,
+    pub details: String,
+}
+
+/// Encodes spans for insertion. Consecutive spans usually share one resource, so its JSON
+/// is serialised once per run of equal resources.
+pub(crate) fn encode_rows(spans: &[Span]) -> Vec<SpanRow> {
+    let mut rows = Vec::with_capacity(spans.len());
+    let mut last_resource: Option<(&crate::model::Attributes, String)> = None;
+    for span in spans {
+        let resource = match &last_resource {
+            Some((attrs, json)) if *attrs == &span.resource => json.clone(),
+            _ => {
+                let json = codec::attributes_to_json(&span.resource).to_string();
+                last_resource = Some((&span.resource, json.clone()));
+                json
+            }
+        };
+        rows.push(SpanRow {
+            trace_id: span.trace_id.0.to_vec(),
+            span_id: span.span_id.0.to_vec(),
+            parent_span_id: span.parent_span_id.map(|p| p.0.to_vec()),
+            service: span.service.clone(),
+            name: span.name.clone(),
+            kind: span.kind.as_i32() as i16,
+            // normalize rejects timestamps above i64::MAX.
+            start_unix_nano: i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX),
+            end_unix_nano: i64::try_from(span.end_unix_nano).unwrap_or(i64::MAX),
+            status_code: span.status.code.as_i32() as i16,
+            status_message: span.status.message.clone(),
+            budget_ms: span.budget.as_ref().map(|b| b.ms),
+            budget_source: span.budget.as_ref().map(|b| b.source.clone()),
+            attributes: codec::attributes_to_json(&span.attributes).to_string(),
+            resource,
+            details: codec::details_to_json(&span.scope, &span.events, &span.links, &span.warnings)
+                .to_string(),
+        });
+    }
+    rows
+}
+
+/// The distinct (service, name, kind, latest start) of a batch, for the operations table.
+pub(crate) fn batch_operations(spans: &[Span]) -> Vec<(String, String, i16, i64)> {
+    let mut seen: std::collections::HashMap<(&str, &str, i16), i64> = Default::default();
+    for span in spans {
+        let start = i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX);
+        let entry = seen.entry((&span.service, &span.name, span.kind.as_i32() as i16)).or_insert(start);
+        *entry = (*entry).max(start);
+    }
+    let mut operations: Vec<_> = seen
+        .into_iter()
+        .map(|((service, name, kind), last)| (service.to_string(), name.to_string(), kind, last))
+        .collect();
+    // A stable order keeps concurrent Postgres upserts from deadlocking on each other.
+    operations.sort();
+    operations
+}
+
+/// One stored span row as read back, before decoding.
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredRow {
+    pub trace_id: Vec<u8>,
+    pub span_id: Vec<u8>,
+    pub parent_span_id: Option<Vec<u8>>,
+    pub service: String,
+    pub name: String,
+    pub kind: i16,
+    pub start_unix_nano: i64,
+    pub end_unix_nano: i64,
+    pub status_code: i16,
+    pub status_message: String,
+    pub budget_ms: Option<f64>,
+    pub budget_source: Option<String>,
+    pub attributes: String,
+    pub resource: String,
+    pub details: String,
+}
+
+/// The column list both backends select, in `StoredRow` order.
+pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, service, name, kind, \
+     start_unix_nano, end_unix_nano, status_code, status_message, budget_ms, budget_source, \
+     attributes, resource, details";
+
+impl StoredRow {
+    pub fn decode(self) -> Result<Span, StoreError> {
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| StoreError::Corrupt(format!("{what}: {e}"));
+        let json = |text: &str, what: &str| -> Result<Value, StoreError> {
+            serde_json::from_str(text).map_err(|e| corrupt(what, &e))
+        };
+        let (scope, events, links, warnings) = codec::details_from_json(&json(&self.details, "details")?);
+        Ok(Span {
+            trace_id: TraceId::from_bytes(&self.trace_id).map_err(|e| corrupt("trace id", &e))?,
+            span_id: SpanId::from_bytes(&self.span_id).map_err(|e| corrupt("span id", &e))?,
+            parent_span_id: match self.parent_span_id {
+                Some(bytes) => Some(SpanId::from_bytes(&bytes).map_err(|e| corrupt("parent span id", &e))?),
+                None => None,
+            },
+            service: self.service,
+            name: self.name,
+            kind: SpanKind::from_i32(self.kind.into()),
+            start_unix_nano: self.start_unix_nano.max(0) as u64,
+            end_unix_nano: self.end_unix_nano.max(0) as u64,
+            status: Status { code: StatusCode::from_i32(self.status_code.into()), message: self.status_message },
+            attributes: codec::attributes_from_json(&json(&self.attributes, "attributes")?),
+            resource: codec::attributes_from_json(&json(&self.resource, "resource")?),
+            scope,
+            events,
+            links,
+            budget: match (self.budget_ms, self.budget_source) {
+                (Some(ms), Some(source)) => Some(Budget { ms, source }),
+                _ => None,
+            },
+            warnings,
+        })
+    }
+}
+
+pub(crate) fn decode_rows(rows: Vec<StoredRow>) -> Result<Vec<Span>, StoreError> {
+    rows.into_iter().map(StoredRow::decode).collect()
+}
+
+pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
+    rows.into_iter().map(|(name, kind)| Operation { name, kind: SpanKind::from_i32(kind.into()) }).collect()
+}

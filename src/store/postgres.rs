@@ -1,0 +1,222 @@
+//! The team store, on PostgreSQL.
+//!
+//! A pool of connections; each batch is one transaction of one `INSERT … SELECT FROM
+//! UNNEST(arrays) ON CONFLICT DO NOTHING` (one round trip, idempotent). A commit returns
+//! after Postgres flushed its WAL (the server's `synchronous_commit`), so acknowledged
+//! spans survive a crash of either process.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use super::{
+    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations, decode_operations,
+    decode_rows, encode_rows,
+};
+use crate::model::{Span, TraceId};
+
+const INSERT_SPANS: &str = "INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, \
+     start_unix_nano, end_unix_nano, status_code, status_message, budget_ms, budget_source, \
+     attributes, resource, details) \
+     SELECT * FROM UNNEST($1::bytea[], $2::bytea[], $3::bytea[], $4::text[], $5::text[], \
+     $6::int2[], $7::int8[], $8::int8[], $9::int2[], $10::text[], $11::float8[], $12::text[], \
+     $13::text[], $14::text[], $15::text[]) \
+     ON CONFLICT (trace_id, span_id) DO NOTHING";
+
+const UPSERT_OPERATIONS: &str = "INSERT INTO operations (service, name, kind, last_seen_unix_nano) \
+     SELECT * FROM UNNEST($1::text[], $2::text[], $3::int2[], $4::int8[]) \
+     ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
+     GREATEST(operations.last_seen_unix_nano, excluded.last_seen_unix_nano)";
+
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects and runs migrations. The URL may choose a schema with
+    /// `?options[search_path]=NAME` (the schema must exist).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        sqlx::migrate!("migrations/postgres").run(&pool).await?;
+        Ok(PostgresStore { pool })
+    }
+
+    /// Inserts already-encoded rows in one transaction.
+    pub(crate) async fn insert_rows(
+        &self,
+        rows: &[SpanRow],
+        operations: &[(String, String, i16, i64)],
+    ) -> Result<(), StoreError> {
+        fn column<T: Clone>(rows: &[SpanRow], f: impl Fn(&SpanRow) -> T) -> Vec<T> {
+            rows.iter().map(f).collect()
+        }
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(INSERT_SPANS)
+            .bind(column(rows, |r| r.trace_id.clone()))
+            .bind(column(rows, |r| r.span_id.clone()))
+            .bind(column(rows, |r| r.parent_span_id.clone()))
+            .bind(column(rows, |r| r.service.clone()))
+            .bind(column(rows, |r| r.name.clone()))
+            .bind(column(rows, |r| r.kind))
+            .bind(column(rows, |r| r.start_unix_nano))
+            .bind(column(rows, |r| r.end_unix_nano))
+            .bind(column(rows, |r| r.status_code))
+            .bind(column(rows, |r| r.status_message.clone()))
+            .bind(column(rows, |r| r.budget_ms))
+            .bind(column(rows, |r| r.budget_source.clone()))
+            .bind(column(rows, |r| r.attributes.clone()))
+            .bind(column(rows, |r| r.resource.clone()))
+            .bind(column(rows, |r| r.details.clone()))
+            .execute(&mut *tx)
+            .await?;
+        if !operations.is_empty() {
+            sqlx::query(UPSERT_OPERATIONS)
+                .bind(operations.iter().map(|o| o.0.clone()).collect::<Vec<_>>())
+                .bind(operations.iter().map(|o| o.1.clone()).collect::<Vec<_>>())
+                .bind(operations.iter().map(|o| o.2).collect::<Vec<_>>())
+                .bind(operations.iter().map(|o| o.3).collect::<Vec<_>>())
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The benchmark's raw ceiling: the same rows through `COPY … FROM STDIN` (CSV), which
+    /// cannot skip duplicates and so is no substitute for `insert_rows`.
+    pub(crate) async fn copy_rows(&self, rows: &[SpanRow]) -> Result<u64, StoreError> {
+        let mut csv = Vec::with_capacity(rows.len() * 512);
+        for row in rows {
+            write_csv_row(&mut csv, row);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let mut copy = conn
+            .copy_in_raw(&format!("COPY spans ({SPAN_COLUMNS}) FROM STDIN WITH (FORMAT csv)"))
+            .await?;
+        copy.send(csv).await?;
+        Ok(copy.finish().await?)
+    }
+}
+
+fn write_csv_row(out: &mut Vec<u8>, row: &SpanRow) {
+    use std::io::Write as _;
+    let bytea = |out: &mut Vec<u8>, bytes: &[u8]| {
+        let _ = write!(out, "\\x{}", hex::encode(bytes));
+    };
+    let text = |out: &mut Vec<u8>, s: &str| {
+        out.push(b'"');
+        for b in s.bytes() {
+            if b == b'"' {
+                out.push(b'"');
+            }
+            out.push(b);
+        }
+        out.push(b'"');
+    };
+    bytea(out, &row.trace_id);
+    out.push(b',');
+    bytea(out, &row.span_id);
+    out.push(b',');
+    if let Some(parent) = &row.parent_span_id {
+        bytea(out, parent);
+    }
+    out.push(b',');
+    text(out, &row.service);
+    out.push(b',');
+    text(out, &row.name);
+    let _ = write!(
+        out,
+        ",{},{},{},{},",
+        row.kind, row.start_unix_nano, row.end_unix_nano, row.status_code
+    );
+    text(out, &row.status_message);
+    out.push(b',');
+    if let Some(ms) = row.budget_ms {
+        let _ = write!(out, "{ms}");
+    }
+    out.push(b',');
+    if let Some(source) = &row.budget_source {
+        text(out, source);
+    }
+    out.push(b',');
+    text(out, &row.attributes);
+    out.push(b',');
+    text(out, &row.resource);
+    out.push(b',');
+    text(out, &row.details);
+    out.push(b'\n');
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        self.insert_rows(&encode_rows(spans), &batch_operations(spans)).await
+    }
+
+    async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
+        let rows: Vec<StoredRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = $1 ORDER BY start_unix_nano, span_id"
+        )))
+        .bind(trace_id.0.as_slice())
+        .fetch_all(&self.pool)
+        .await?;
+        decode_rows(rows)
+    }
+
+    async fn services(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError> {
+        let rows: Vec<(String, i16)> =
+            sqlx::query_as("SELECT name, kind FROM operations WHERE service = $1 ORDER BY name, kind")
+                .bind(service)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(decode_operations(rows))
+    }
+
+    async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
+        let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
+        let mut tx = self.pool.begin().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM spans WHERE ctid IN \
+             (SELECT ctid FROM spans WHERE start_unix_nano < $1 LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query("DELETE FROM operations WHERE last_seen_unix_nano < $1")
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(deleted)
+    }
+
+    async fn span_count(&self) -> Result<u64, StoreError> {
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans").fetch_one(&self.pool).await?;
+        Ok(count as u64)
+    }
+}

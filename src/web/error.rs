@@ -1,0 +1,61 @@
+//! The one error type of the web layer and its JSON body:
+//! `{"error": {"status": 404, "code": "trace_not_found", "message": "…"}}`.
+//!
+//! Architecture invariant: no database or internal error text reaches a client; it is
+//! logged, and the client gets a message saying what to do next.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::store::StoreError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into() }
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, code, message: message.into() }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(_) => {
+                tracing::warn!(%error, "store unavailable while answering a request");
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "store_unavailable",
+                    message: "the database is unavailable; check that it is running (GET /readyz), then retry"
+                        .into(),
+                }
+            }
+            StoreError::Corrupt(_) => {
+                tracing::error!(%error, "stored data could not be read");
+                ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    code: "corrupt_data",
+                    message: "stored data could not be read; the server log names the record".into(),
+                }
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {"status": self.status.as_u16(), "code": self.code, "message": self.message}
+        });
+        (self.status, Json(body)).into_response()
+    }
+}

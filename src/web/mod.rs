@@ -1,0 +1,32 @@
+//! The UI and JSON API server (`--http-addr`, 8080 by default).
+//!
+//! Architecture invariant: handlers call the `Store` trait and pure functions only; no SQL
+//! here. `app(state)` builds the whole router, so tests drive it with `oneshot` and no
+//! socket.
+
+pub mod api;
+pub mod error;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::get;
+
+use crate::store::Store;
+
+/// What every handler may use.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+}
+
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/api/traces/{trace_id}", get(api::trace))
+        .route("/api/services", get(api::services))
+        .route("/api/services/{service}/operations", get(api::operations))
+        .fallback(api::not_found)
+        .with_state(state)
+}
