@@ -91,13 +91,16 @@ pub fn normalize(
             .map(|r| convert_attributes(r.attributes))
             .unwrap_or_default();
         let service = match crate::model::attr(&resource, "service.name") {
-            Some(AttrValue::String(name)) if !name.is_empty() => name.clone(),
+            Some(AttrValue::String(name)) if !name.is_empty() => name.replace('\0', "\u{FFFD}"),
             _ => UNKNOWN_SERVICE.to_string(),
         };
         for scope_spans in resource_spans.scope_spans {
             let scope = scope_spans
                 .scope
-                .map(|s| Scope { name: s.name, version: s.version })
+                .map(|s| Scope {
+                    name: s.name.replace('\0', "\u{FFFD}"),
+                    version: s.version.replace('\0', "\u{FFFD}"),
+                })
                 .unwrap_or_default();
             for span in scope_spans.spans {
                 let which = describe_span(&service, &span);
@@ -135,12 +138,12 @@ fn convert_span(
 
     let attributes = convert_attributes(span.attributes);
     let reading = read_budget(&attributes, &options.budget_keys);
+    let mut warnings = reading.warnings;
     let status = span
         .status
-        .map(|s| Status { code: StatusCode::from_i32(s.code), message: s.message })
+        .map(|s| Status { code: StatusCode::from_i32(s.code), message: without_nul(s.message, &mut warnings) })
         .unwrap_or(Status { code: StatusCode::Unset, message: String::new() });
     let mut links = Vec::with_capacity(span.links.len());
-    let mut warnings = reading.warnings;
     for link in span.links {
         match (TraceId::from_bytes(&link.trace_id), SpanId::from_bytes(&link.span_id)) {
             (Ok(trace_id), Ok(span_id)) => links.push(Link {
@@ -156,7 +159,7 @@ fn convert_span(
         span_id,
         parent_span_id,
         service: service.to_string(),
-        name: span.name,
+        name: without_nul(span.name, &mut warnings),
         kind: SpanKind::from_i32(span.kind),
         start_unix_nano: span.start_time_unix_nano,
         end_unix_nano: span.end_time_unix_nano,
@@ -169,7 +172,7 @@ fn convert_span(
             .into_iter()
             .map(|e| Event {
                 time_unix_nano: e.time_unix_nano,
-                name: e.name,
+                name: without_nul(e.name, &mut warnings),
                 attributes: convert_attributes(e.attributes),
             })
             .collect(),
@@ -177,6 +180,18 @@ fn convert_span(
         budget: reading.budget,
         warnings,
     })
+}
+
+/// Replaces NUL characters, which Postgres text columns cannot hold, noting it once.
+fn without_nul(text: String, warnings: &mut Vec<String>) -> String {
+    if !text.contains('\0') {
+        return text;
+    }
+    const WARNING: &str = "NUL characters in names or messages were replaced by U+FFFD";
+    if !warnings.iter().any(|w| w == WARNING) {
+        warnings.push(WARNING.to_string());
+    }
+    text.replace('\0', "\u{FFFD}")
 }
 
 fn check_timestamps(start: u64, end: u64, now: u64) -> Result<(), String> {
@@ -343,6 +358,16 @@ pub(crate) mod tests {
         assert!(message.contains("span id is all zeros"), "{message}");
         assert!(message.contains("ends 5 ns before it starts"), "{message}");
         assert!(message.contains("and 2 other reasons"), "{message}");
+    }
+
+    #[test]
+    fn nul_characters_are_replaced_with_a_warning() {
+        let mut span = otlp_span(1, 2, "a\0b");
+        span.status = Some(otlp::Status { code: 2, message: "x\0".into() });
+        let out = normalize(request(Some("s\0"), vec![span]), &options(), NOW);
+        let span = &out.spans[0];
+        assert_eq!((span.service.as_str(), span.name.as_str(), span.status.message.as_str()), ("s\u{FFFD}", "a\u{FFFD}b", "x\u{FFFD}"));
+        assert_eq!(span.warnings, ["NUL characters in names or messages were replaced by U+FFFD"]);
     }
 
     #[test]

@@ -1,0 +1,133 @@
+//! Test harness: temporary databases on both backends and a real server on free ports.
+//!
+//! Postgres: the URL comes from `BUDGETSCOPE_TEST_POSTGRES_URL`, else the local default
+//! `postgres://postgres@127.0.0.1:5432/test`. Each test gets its own schema, dropped after.
+//! When Postgres cannot be reached, the Postgres half of a test is skipped with a printed
+//! reason, unless `BUDGETSCOPE_TEST_POSTGRES_URL` or `CI` is set: then it fails.
+#![allow(dead_code)]
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use budgetscope::config::{Cli, Command, ServeConfig};
+use budgetscope::server::{self, RunningServer};
+use clap::Parser as _;
+use sqlx::Connection as _;
+
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// A throwaway database; dropping it removes the file or schema.
+pub struct TestDb {
+    pub url: String,
+    pub backend: &'static str,
+    _dir: Option<tempfile::TempDir>,
+    postgres_cleanup: Option<(String, String)>,
+}
+
+impl TestDb {
+    pub fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("test.db").display());
+        TestDb { url, backend: "sqlite", _dir: Some(dir), postgres_cleanup: None }
+    }
+
+    /// A fresh schema on the test Postgres, or `None` (with a printed reason) when there
+    /// is none and none is required.
+    pub async fn postgres() -> Option<TestDb> {
+        let explicit = std::env::var("BUDGETSCOPE_TEST_POSTGRES_URL").ok();
+        let required = explicit.is_some() || std::env::var_os("CI").is_some();
+        let base = explicit.unwrap_or_else(|| DEFAULT_POSTGRES_URL.to_string());
+        let connect = tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&base)).await;
+        let mut conn = match connect {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(error)) if !required => return skip(&base, &error.to_string()),
+            Err(_) if !required => return skip(&base, "timed out"),
+            Ok(Err(error)) => panic!("Postgres at {base} is required here (CI or BUDGETSCOPE_TEST_POSTGRES_URL) but: {error}"),
+            Err(_) => panic!("Postgres at {base} is required here but did not answer within 5 s"),
+        };
+        let schema = format!("bs_test_{}", unique_suffix());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&mut conn)
+            .await
+            .expect("create test schema");
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{separator}options[search_path]={schema}");
+        Some(TestDb { url, backend: "postgres", _dir: None, postgres_cleanup: Some((base, schema)) })
+    }
+
+    /// SQLite always, Postgres when available.
+    pub async fn all() -> Vec<TestDb> {
+        let mut dbs = vec![TestDb::sqlite()];
+        dbs.extend(TestDb::postgres().await);
+        dbs
+    }
+}
+
+fn skip(url: &str, why: &str) -> Option<TestDb> {
+    eprintln!(
+        "SKIPPED the Postgres half of this test: {url} is unreachable ({why}). \
+         Start Postgres or set BUDGETSCOPE_TEST_POSTGRES_URL to run it."
+    );
+    None
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Some((base, schema)) = self.postgres_cleanup.take() else { return };
+        // Drop may run inside a runtime: clean up on a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&base).await.ok()?;
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+    }
+}
+
+pub fn unique_suffix() -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{:x}{:04x}", nanos, rand::random::<u16>())
+}
+
+/// A serve config on free loopback ports, with extra flags.
+pub fn config(db: &TestDb, extra: &[&str]) -> ServeConfig {
+    let mut argv = vec![
+        "budgetscope",
+        "serve",
+        "--otlp-grpc-addr",
+        "127.0.0.1:0",
+        "--otlp-http-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--db",
+        &db.url,
+    ];
+    argv.extend_from_slice(extra);
+    let Command::Serve(args) = Cli::try_parse_from(argv).expect("test flags parse").command else {
+        unreachable!("serve")
+    };
+    args.validate().expect("test config is valid")
+}
+
+pub async fn start(db: &TestDb, extra: &[&str]) -> RunningServer {
+    server::start(&config(db, extra)).await.expect("server starts")
+}
+
+pub fn now_nanos() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+/// GET a JSON document from the server's UI/API port.
+pub async fn get_json(server: &RunningServer, path: &str) -> (u16, serde_json::Value) {
+    let response = reqwest::get(format!("http://{}{}", server.http_addr, path)).await.expect("GET");
+    let status = response.status().as_u16();
+    let body = response.bytes().await.expect("body");
+    let json = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{path} answered non-JSON ({e}): {}", String::from_utf8_lossy(&body)));
+    (status, json)
+}
