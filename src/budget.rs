@@ -33,7 +33,9 @@ pub struct BudgetReading {
 pub fn read_budget(attributes: &Attributes, keys: &[String]) -> BudgetReading {
     let mut reading = BudgetReading::default();
     for key in keys {
-        let Some(value) = attr(attributes, key) else { continue };
+        let Some(value) = attr(attributes, key) else {
+            continue;
+        };
         let parsed = if key.ends_with("grpc-timeout") {
             first_string(value).and_then(parse_grpc_timeout)
         } else {
@@ -41,12 +43,16 @@ pub fn read_budget(attributes: &Attributes, keys: &[String]) -> BudgetReading {
         };
         match parsed {
             Some(ms) => {
-                reading.budget = Some(Budget { ms, source: key.clone() });
+                reading.budget = Some(Budget {
+                    ms,
+                    source: key.clone(),
+                });
                 return reading;
             }
-            None => reading
-                .warnings
-                .push(format!("budget attribute {key} has unparsable value {}", describe(value))),
+            None => reading.warnings.push(format!(
+                "budget attribute {key} has unparsable value {}",
+                describe(value)
+            )),
         }
     }
     reading
@@ -173,17 +179,28 @@ mod tests {
     fn unparsable_value_warns_and_falls_through_to_the_next_key() {
         let reading = read(vec![
             ("deadline.remaining_ms", s("soon")),
-            ("rpc.grpc.request.metadata.grpc-timeout", AttrValue::Array(vec![s("850m")])),
+            (
+                "rpc.grpc.request.metadata.grpc-timeout",
+                AttrValue::Array(vec![s("850m")]),
+            ),
         ]);
         let budget = reading.budget.unwrap();
         assert_eq!(budget.ms, 850.0);
         assert_eq!(budget.source, "rpc.grpc.request.metadata.grpc-timeout");
-        assert_eq!(reading.warnings, ["budget attribute deadline.remaining_ms has unparsable value \"soon\""]);
+        assert_eq!(
+            reading.warnings,
+            ["budget attribute deadline.remaining_ms has unparsable value \"soon\""]
+        );
     }
 
     #[test]
     fn non_finite_and_non_numeric_values_are_not_budgets() {
-        for value in [AttrValue::Double(f64::NAN), AttrValue::Bool(true), s("inf"), AttrValue::Array(vec![])] {
+        for value in [
+            AttrValue::Double(f64::NAN),
+            AttrValue::Bool(true),
+            s("inf"),
+            AttrValue::Array(vec![]),
+        ] {
             let reading = read(vec![("deadline.remaining_ms", value)]);
             assert_eq!(reading.budget, None);
             assert_eq!(reading.warnings.len(), 1);
@@ -192,6 +209,9 @@ mod tests {
 
     #[test]
     fn no_budget_keys_means_no_budget_and_no_warning() {
-        assert_eq!(read(vec![("http.method", s("GET"))]), BudgetReading::default());
+        assert_eq!(
+            read(vec![("http.method", s("GET"))]),
+            BudgetReading::default()
+        );
     }
 }

@@ -21,7 +21,14 @@ pub fn value_to_json(value: &AttrValue) -> Value {
         AttrValue::Double(d) => match Number::from_f64(*d) {
             Some(n) => Value::Number(n),
             None => Value::String(
-                if d.is_nan() { "NaN" } else if *d > 0.0 { "Infinity" } else { "-Infinity" }.into(),
+                if d.is_nan() {
+                    "NaN"
+                } else if *d > 0.0 {
+                    "Infinity"
+                } else {
+                    "-Infinity"
+                }
+                .into(),
             ),
         },
         AttrValue::Bytes(b) => Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
@@ -45,13 +52,17 @@ pub fn value_from_json(value: &Value) -> AttrValue {
 }
 
 pub fn attributes_to_json(attributes: &Attributes) -> Value {
-    let map: Map<String, Value> =
-        attributes.iter().map(|(k, v)| (k.clone(), value_to_json(v))).collect();
+    let map: Map<String, Value> = attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), value_to_json(v)))
+        .collect();
     Value::Object(map)
 }
 
 fn attributes_from_map(map: &Map<String, Value>) -> Attributes {
-    map.iter().map(|(k, v)| (k.clone(), value_from_json(v))).collect()
+    map.iter()
+        .map(|(k, v)| (k.clone(), value_from_json(v)))
+        .collect()
 }
 
 /// Reads an attributes object; anything but an object yields no attributes.
@@ -93,7 +104,12 @@ pub fn links_to_json(links: &[Link]) -> Value {
 }
 
 /// The parts of a span that no query looks into, as one JSON document.
-pub fn details_to_json(scope: &Scope, events: &[Event], links: &[Link], warnings: &[String]) -> Value {
+pub fn details_to_json(
+    scope: &Scope,
+    events: &[Event],
+    links: &[Link],
+    warnings: &[String],
+) -> Value {
     json!({
         "scope": {"name": scope.name, "version": scope.version},
         "events": events_to_json(events),
@@ -105,7 +121,10 @@ pub fn details_to_json(scope: &Scope, events: &[Event], links: &[Link], warnings
 /// The inverse of `details_to_json`; malformed parts are skipped, never fatal.
 pub fn details_from_json(value: &Value) -> (Scope, Vec<Event>, Vec<Link>, Vec<String>) {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-    let scope = Scope { name: text(&value["scope"]["name"]), version: text(&value["scope"]["version"]) };
+    let scope = Scope {
+        name: text(&value["scope"]["name"]),
+        version: text(&value["scope"]["version"]),
+    };
     let events = value["events"]
         .as_array()
         .map(|items| {
@@ -154,8 +173,14 @@ mod tests {
             ("d".into(), AttrValue::Double(2.5)),
             ("d_integral".into(), AttrValue::Double(3.0)),
             ("e".into(), AttrValue::Empty),
-            ("a".into(), AttrValue::Array(vec![AttrValue::Int(1), AttrValue::String("2".into())])),
-            ("m".into(), AttrValue::Map(vec![("k".into(), AttrValue::Bool(true))])),
+            (
+                "a".into(),
+                AttrValue::Array(vec![AttrValue::Int(1), AttrValue::String("2".into())]),
+            ),
+            (
+                "m".into(),
+                AttrValue::Map(vec![("k".into(), AttrValue::Bool(true))]),
+            ),
         ];
         let json = attributes_to_json(&attributes);
         let text = serde_json::to_string(&json).unwrap();
@@ -167,21 +192,41 @@ mod tests {
 
     #[test]
     fn lossy_cases_are_the_documented_ones() {
-        assert_eq!(value_to_json(&AttrValue::Bytes(vec![0, 255])), json!("AP8="));
+        assert_eq!(
+            value_to_json(&AttrValue::Bytes(vec![0, 255])),
+            json!("AP8=")
+        );
         assert_eq!(value_to_json(&AttrValue::Double(f64::NAN)), json!("NaN"));
-        assert_eq!(value_to_json(&AttrValue::Double(f64::NEG_INFINITY)), json!("-Infinity"));
+        assert_eq!(
+            value_to_json(&AttrValue::Double(f64::NEG_INFINITY)),
+            json!("-Infinity")
+        );
     }
 
     #[test]
     fn details_round_trip() {
-        let scope = Scope { name: "lib".into(), version: "1".into() };
-        let events = vec![Event { time_unix_nano: 5, name: "retry".into(), attributes: vec![] }];
-        let links = vec![Link { trace_id: TraceId([2; 16]), span_id: SpanId([3; 8]), attributes: vec![] }];
+        let scope = Scope {
+            name: "lib".into(),
+            version: "1".into(),
+        };
+        let events = vec![Event {
+            time_unix_nano: 5,
+            name: "retry".into(),
+            attributes: vec![],
+        }];
+        let links = vec![Link {
+            trace_id: TraceId([2; 16]),
+            span_id: SpanId([3; 8]),
+            attributes: vec![],
+        }];
         let warnings = vec!["w".to_string()];
         let json = details_to_json(&scope, &events, &links, &warnings);
         assert_eq!(details_from_json(&json), (scope, events, links, warnings));
         // Malformed documents degrade to empty parts.
         let (scope, events, links, warnings) = details_from_json(&json!({"events": 3}));
-        assert_eq!((scope, events.len(), links.len(), warnings.len()), (Scope::default(), 0, 0, 0));
+        assert_eq!(
+            (scope, events.len(), links.len(), warnings.len()),
+            (Scope::default(), 0, 0, 0)
+        );
     }
 }

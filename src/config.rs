@@ -36,11 +36,19 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address for OTLP/gRPC (TraceService/Export).
-    #[arg(long, env = "BUDGETSCOPE_OTLP_GRPC_ADDR", default_value = "127.0.0.1:4317")]
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_OTLP_GRPC_ADDR",
+        default_value = "127.0.0.1:4317"
+    )]
     pub otlp_grpc_addr: String,
 
     /// Address for OTLP/HTTP (POST /v1/traces).
-    #[arg(long, env = "BUDGETSCOPE_OTLP_HTTP_ADDR", default_value = "127.0.0.1:4318")]
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_OTLP_HTTP_ADDR",
+        default_value = "127.0.0.1:4318"
+    )]
     pub otlp_http_addr: String,
 
     /// Address for the web UI and the JSON API.
@@ -48,7 +56,11 @@ pub struct ServeArgs {
     pub http_addr: String,
 
     /// Database URL: sqlite://PATH (created if missing) or postgres://USER@HOST/DB.
-    #[arg(long, env = "BUDGETSCOPE_DB", default_value = "sqlite://budgetscope.db")]
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_DB",
+        default_value = "sqlite://budgetscope.db"
+    )]
     pub db: String,
 
     /// Span attributes read for the remaining budget, first match wins (comma-separated).
@@ -62,7 +74,12 @@ pub struct ServeArgs {
     pub budget_keys: Vec<String>,
 
     /// Tolerance in milliseconds under which budget differences are never flagged.
-    #[arg(long, env = "BUDGETSCOPE_TOLERANCE_MS", default_value = "50", allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_TOLERANCE_MS",
+        default_value = "50",
+        allow_negative_numbers = true
+    )]
     pub tolerance_ms: f64,
 
     /// Largest OTLP request accepted, after decompression (e.g. 20MiB, 512KiB, 1000000).
@@ -122,22 +139,47 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-fn invalid(flag: &'static str, env: &'static str, value: &str, problem: impl Into<String>) -> ConfigError {
-    ConfigError { flag, env, value: value.to_string(), problem: problem.into() }
+fn invalid(
+    flag: &'static str,
+    env: &'static str,
+    value: &str,
+    problem: impl Into<String>,
+) -> ConfigError {
+    ConfigError {
+        flag,
+        env,
+        value: value.to_string(),
+        problem: problem.into(),
+    }
 }
 
 impl ServeArgs {
     pub fn validate(&self) -> Result<ServeConfig, ConfigError> {
         let addr = |flag, env, value: &str| {
             parse_addr(value).ok_or_else(|| {
-                invalid(flag, env, value, "expected IP:PORT, e.g. 127.0.0.1:4317 or 0.0.0.0:4317")
+                invalid(
+                    flag,
+                    env,
+                    value,
+                    "expected IP:PORT, e.g. 127.0.0.1:4317 or 0.0.0.0:4317",
+                )
             })
         };
-        let db = parse_db_url(&self.db).map_err(|p| invalid("db", "BUDGETSCOPE_DB", &self.db, p))?;
-        let budget_keys: Vec<String> =
-            self.budget_keys.iter().map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect();
+        let db =
+            parse_db_url(&self.db).map_err(|p| invalid("db", "BUDGETSCOPE_DB", &self.db, p))?;
+        let budget_keys: Vec<String> = self
+            .budget_keys
+            .iter()
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .collect();
         if budget_keys.is_empty() {
-            return Err(invalid("budget-keys", "BUDGETSCOPE_BUDGET_KEYS", "", "name at least one attribute key"));
+            return Err(invalid(
+                "budget-keys",
+                "BUDGETSCOPE_BUDGET_KEYS",
+                "",
+                "name at least one attribute key",
+            ));
         }
         if !(self.tolerance_ms.is_finite() && self.tolerance_ms >= 0.0) {
             return Err(invalid(
@@ -161,7 +203,12 @@ impl ServeArgs {
             .ok()
             .filter(|d| *d >= Duration::from_secs(60))
             .ok_or_else(|| {
-                invalid("retention", "BUDGETSCOPE_RETENTION", &self.retention, "expected a duration of at least 1m, e.g. 7d or 12h")
+                invalid(
+                    "retention",
+                    "BUDGETSCOPE_RETENTION",
+                    &self.retention,
+                    "expected a duration of at least 1m, e.g. 7d or 12h",
+                )
             })?;
         let cors_origins = self
             .cors_origins
@@ -169,18 +216,40 @@ impl ServeArgs {
             .map(|o| o.trim())
             .filter(|o| !o.is_empty())
             .map(|o| {
-                let valid = (o.starts_with("http://") || o.starts_with("https://")) && !o.ends_with('/');
-                HeaderValue::from_str(o).ok().filter(|_| valid).ok_or_else(|| {
-                    invalid("cors-origins", "BUDGETSCOPE_CORS_ORIGINS", o, "expected origins like https://app.example.com")
-                })
+                let valid =
+                    (o.starts_with("http://") || o.starts_with("https://")) && !o.ends_with('/');
+                HeaderValue::from_str(o)
+                    .ok()
+                    .filter(|_| valid)
+                    .ok_or_else(|| {
+                        invalid(
+                            "cors-origins",
+                            "BUDGETSCOPE_CORS_ORIGINS",
+                            o,
+                            "expected origins like https://app.example.com",
+                        )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         if self.max_queued_spans == 0 {
-            return Err(invalid("max-queued-spans", "BUDGETSCOPE_MAX_QUEUED_SPANS", "0", "expected at least 1"));
+            return Err(invalid(
+                "max-queued-spans",
+                "BUDGETSCOPE_MAX_QUEUED_SPANS",
+                "0",
+                "expected at least 1",
+            ));
         }
         Ok(ServeConfig {
-            otlp_grpc_addr: addr("otlp-grpc-addr", "BUDGETSCOPE_OTLP_GRPC_ADDR", &self.otlp_grpc_addr)?,
-            otlp_http_addr: addr("otlp-http-addr", "BUDGETSCOPE_OTLP_HTTP_ADDR", &self.otlp_http_addr)?,
+            otlp_grpc_addr: addr(
+                "otlp-grpc-addr",
+                "BUDGETSCOPE_OTLP_GRPC_ADDR",
+                &self.otlp_grpc_addr,
+            )?,
+            otlp_http_addr: addr(
+                "otlp-http-addr",
+                "BUDGETSCOPE_OTLP_HTTP_ADDR",
+                &self.otlp_http_addr,
+            )?,
             http_addr: addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?,
             db,
             budget_keys,
@@ -206,7 +275,10 @@ pub fn parse_db_url(url: &str) -> Result<DbUrl, String> {
         Ok(DbUrl::Postgres(url.to_string()))
     } else if let Some(rest) = url.strip_prefix("sqlite:") {
         if rest.trim_start_matches('/').is_empty() {
-            return Err("sqlite URL names no file; expected sqlite://PATH, e.g. sqlite://budgetscope.db".into());
+            return Err(
+                "sqlite URL names no file; expected sqlite://PATH, e.g. sqlite://budgetscope.db"
+                    .into(),
+            );
         }
         Ok(DbUrl::Sqlite(url.to_string()))
     } else {
@@ -217,7 +289,9 @@ pub fn parse_db_url(url: &str) -> Result<DbUrl, String> {
 /// Parses `20MiB`, `512KiB`, `1GiB`, `1MB`, `1000`.
 pub fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
     let n: usize = digits.parse().ok()?;
     let multiplier: usize = match unit.trim().to_ascii_lowercase().as_str() {
@@ -241,7 +315,9 @@ mod tests {
         let mut argv = vec!["budgetscope", "serve"];
         argv.extend_from_slice(extra);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(serve) = cli.command else { unreachable!() };
+        let Command::Serve(serve) = cli.command else {
+            unreachable!()
+        };
         serve.validate().map_err(|e| e.to_string())
     }
 
@@ -261,14 +337,29 @@ mod tests {
     #[test]
     fn invalid_settings_name_flag_and_env() {
         let cases = [
-            (vec!["--otlp-grpc-addr", "nope"], "invalid --otlp-grpc-addr (env BUDGETSCOPE_OTLP_GRPC_ADDR) \"nope\""),
-            (vec!["--db", "mysql://x"], "invalid --db (env BUDGETSCOPE_DB)"),
+            (
+                vec!["--otlp-grpc-addr", "nope"],
+                "invalid --otlp-grpc-addr (env BUDGETSCOPE_OTLP_GRPC_ADDR) \"nope\"",
+            ),
+            (
+                vec!["--db", "mysql://x"],
+                "invalid --db (env BUDGETSCOPE_DB)",
+            ),
             (vec!["--db", "sqlite://"], "sqlite URL names no file"),
-            (vec!["--max-request-bytes", "20XB"], "invalid --max-request-bytes"),
+            (
+                vec!["--max-request-bytes", "20XB"],
+                "invalid --max-request-bytes",
+            ),
             (vec!["--retention", "5s"], "at least 1m"),
             (vec!["--tolerance-ms", "-1"], "invalid --tolerance-ms"),
-            (vec!["--cors-origins", "example.com"], "invalid --cors-origins"),
-            (vec!["--budget-keys", ","], "name at least one attribute key"),
+            (
+                vec!["--cors-origins", "example.com"],
+                "invalid --cors-origins",
+            ),
+            (
+                vec!["--budget-keys", ","],
+                "name at least one attribute key",
+            ),
         ];
         for (extra, expected) in cases {
             let error = args(&extra).unwrap_err();
@@ -282,9 +373,24 @@ mod tests {
         assert_eq!(parse_size("1000"), Some(1000));
         assert_eq!(parse_size("1 MB"), Some(1_000_000));
         assert_eq!(parse_size("MiB"), None);
-        let config = args(&["--budget-keys", "a, b", "--cors-origins", "https://x.example"]).unwrap();
+        let config = args(&[
+            "--budget-keys",
+            "a, b",
+            "--cors-origins",
+            "https://x.example",
+        ])
+        .unwrap();
         assert_eq!(config.budget_keys, ["a", "b"]);
-        assert_eq!(config.cors_origins, [HeaderValue::from_static("https://x.example")]);
-        assert_eq!(args(&["--http-addr", "localhost:9000"]).unwrap().http_addr.to_string(), "127.0.0.1:9000");
+        assert_eq!(
+            config.cors_origins,
+            [HeaderValue::from_static("https://x.example")]
+        );
+        assert_eq!(
+            args(&["--http-addr", "localhost:9000"])
+                .unwrap()
+                .http_addr
+                .to_string(),
+            "127.0.0.1:9000"
+        );
     }
 }

@@ -58,7 +58,13 @@ impl Ingestor {
     pub fn start(store: Arc<dyn Store>, options: &IngestOptions) -> Arc<Ingestor> {
         let (jobs, queue) = async_channel::unbounded();
         let writers = (0..options.writers.max(1))
-            .map(|_| tokio::spawn(write_loop(store.clone(), queue.clone(), options.max_batch_spans)))
+            .map(|_| {
+                tokio::spawn(write_loop(
+                    store.clone(),
+                    queue.clone(),
+                    options.max_batch_spans,
+                ))
+            })
             .collect();
         let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Ingestor {
@@ -83,7 +89,12 @@ impl Ingestor {
             .map_err(|_| IngestError::Overloaded)?;
         let (done, answer) = oneshot::channel();
         self.jobs
-            .send(Job { len: spans.len(), spans, done, _permit: permit })
+            .send(Job {
+                len: spans.len(),
+                spans,
+                done,
+                _permit: permit,
+            })
             .await
             .map_err(|_| IngestError::Closed)?;
         // A writer always answers; a dropped sender means the writer task died.
@@ -102,7 +113,11 @@ impl Ingestor {
     }
 }
 
-async fn write_loop(store: Arc<dyn Store>, queue: async_channel::Receiver<Job>, max_batch_spans: usize) {
+async fn write_loop(
+    store: Arc<dyn Store>,
+    queue: async_channel::Receiver<Job>,
+    max_batch_spans: usize,
+) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
     while let Ok(first) = queue.recv().await {
         let mut queued = first.spans.len();
@@ -123,7 +138,10 @@ async fn write_loop(store: Arc<dyn Store>, queue: async_channel::Receiver<Job>, 
 /// Writes the jobs in one transaction. If that fails and there were several jobs, each is
 /// tried alone, so one job the database refuses cannot fail the others with it.
 async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
-    let spans: Vec<Span> = jobs.iter_mut().flat_map(|job| std::mem::take(&mut job.spans)).collect();
+    let spans: Vec<Span> = jobs
+        .iter_mut()
+        .flat_map(|job| std::mem::take(&mut job.spans))
+        .collect();
     let result = store.write_spans(&spans).await;
     if let Err(error) = &result {
         log_failure(error, spans.len());
@@ -141,7 +159,12 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
         }
     }
     for job in jobs {
-        let _ = job.done.send(result.as_ref().map(|_| ()).map_err(|_| IngestError::Unavailable));
+        let _ = job.done.send(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|_| IngestError::Unavailable),
+        );
     }
 }
 

@@ -4,7 +4,6 @@
 //! `ingest` (queue, group commit) → `store` (SQLite or Postgres) → `web` (JSON API).
 //! ARCHITECTURE.md has the code map and each module's invariant.
 
-
 pub mod budget;
 pub mod codec;
 pub mod config;

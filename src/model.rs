@@ -244,10 +244,16 @@ mod tests {
     fn ids_reject_wrong_length_and_zero() {
         assert_eq!(
             TraceId::from_bytes(&[1; 8]),
-            Err(IdError::WrongLength { expected: 16, actual: 8 })
+            Err(IdError::WrongLength {
+                expected: 16,
+                actual: 8
+            })
         );
         assert_eq!(SpanId::from_bytes(&[0; 8]), Err(IdError::AllZero));
-        assert_eq!(SpanId::from_hex("zz"), Err(IdError::NotHex { expected: 16 }));
+        assert_eq!(
+            SpanId::from_hex("zz"),
+            Err(IdError::NotHex { expected: 16 })
+        );
         let id = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
         assert_eq!(id.to_hex(), "0af7651916cd43dd8448eb211c80319c");
     }
@@ -263,7 +269,10 @@ mod tests {
             kind: SpanKind::Server,
             start_unix_nano: 10,
             end_unix_nano: 5,
-            status: Status { code: StatusCode::Unset, message: String::new() },
+            status: Status {
+                code: StatusCode::Unset,
+                message: String::new(),
+            },
             attributes: vec![],
             resource: vec![],
             scope: Scope::default(),

@@ -11,8 +11,7 @@ use opentelemetry_proto::tonic::trace::v1 as otlp;
 
 use crate::budget::read_budget;
 use crate::model::{
-    AttrValue, Attributes, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode,
-    TraceId,
+    AttrValue, Attributes, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 
 /// The service name used when a resource has no `service.name`.
@@ -134,18 +133,31 @@ fn convert_span(
         bytes if bytes.iter().all(|b| *b == 0) && bytes.len() == SpanId::LEN => None,
         bytes => Some(SpanId::from_bytes(bytes).map_err(|e| format!("parent span id {e}"))?),
     };
-    check_timestamps(span.start_time_unix_nano, span.end_time_unix_nano, now_unix_nano)?;
+    check_timestamps(
+        span.start_time_unix_nano,
+        span.end_time_unix_nano,
+        now_unix_nano,
+    )?;
 
     let attributes = convert_attributes(span.attributes);
     let reading = read_budget(&attributes, &options.budget_keys);
     let mut warnings = reading.warnings;
     let status = span
         .status
-        .map(|s| Status { code: StatusCode::from_i32(s.code), message: without_nul(s.message, &mut warnings) })
-        .unwrap_or(Status { code: StatusCode::Unset, message: String::new() });
+        .map(|s| Status {
+            code: StatusCode::from_i32(s.code),
+            message: without_nul(s.message, &mut warnings),
+        })
+        .unwrap_or(Status {
+            code: StatusCode::Unset,
+            message: String::new(),
+        });
     let mut links = Vec::with_capacity(span.links.len());
     for link in span.links {
-        match (TraceId::from_bytes(&link.trace_id), SpanId::from_bytes(&link.span_id)) {
+        match (
+            TraceId::from_bytes(&link.trace_id),
+            SpanId::from_bytes(&link.span_id),
+        ) {
             (Ok(trace_id), Ok(span_id)) => links.push(Link {
                 trace_id,
                 span_id,
@@ -218,7 +230,12 @@ fn check_timestamps(start: u64, end: u64, now: u64) -> Result<(), String> {
 pub fn convert_attributes(attributes: Vec<KeyValue>) -> Attributes {
     attributes
         .into_iter()
-        .map(|kv| (kv.key, kv.value.map(convert_value).unwrap_or(AttrValue::Empty)))
+        .map(|kv| {
+            (
+                kv.key,
+                kv.value.map(convert_value).unwrap_or(AttrValue::Empty),
+            )
+        })
         .collect()
 }
 
@@ -251,11 +268,17 @@ pub(crate) mod tests {
     pub const NOW: u64 = 1_780_000_000_000_000_000;
 
     pub fn options() -> NormalizeOptions {
-        NormalizeOptions { budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect() }
+        NormalizeOptions {
+            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        }
     }
 
     pub fn kv(key: &str, value: any_value::Value) -> KeyValue {
-        KeyValue { key: key.into(), value: Some(AnyValue { value: Some(value) }), ..Default::default() }
+        KeyValue {
+            key: key.into(),
+            value: Some(AnyValue { value: Some(value) }),
+            ..Default::default()
+        }
     }
 
     pub fn otlp_span(trace: u8, span: u8, name: &str) -> otlp::Span {
@@ -276,7 +299,10 @@ pub(crate) mod tests {
             .unwrap_or_default();
         ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
-                resource: Some(Resource { attributes, ..Default::default() }),
+                resource: Some(Resource {
+                    attributes,
+                    ..Default::default()
+                }),
                 scope_spans: vec![ScopeSpans {
                     scope: Some(InstrumentationScope {
                         name: "test-scope".into(),
@@ -300,11 +326,16 @@ pub(crate) mod tests {
             kv(
                 "tags",
                 any_value::Value::ArrayValue(ArrayValue {
-                    values: vec![AnyValue { value: Some(any_value::Value::BoolValue(true)) }],
+                    values: vec![AnyValue {
+                        value: Some(any_value::Value::BoolValue(true)),
+                    }],
                 }),
             ),
         ];
-        span.status = Some(otlp::Status { code: 2, message: "boom".into() });
+        span.status = Some(otlp::Status {
+            code: 2,
+            message: "boom".into(),
+        });
         let out = normalize(request(Some("inventory"), vec![span]), &options(), NOW);
         assert_eq!(out.rejected, 0);
         let span = &out.spans[0];
@@ -314,7 +345,10 @@ pub(crate) mod tests {
         assert_eq!(span.parent_span_id, Some(SpanId([3; 8])));
         assert_eq!(span.budget.as_ref().unwrap().ms, 840.0);
         assert_eq!(span.status.code, StatusCode::Error);
-        assert_eq!(span.attributes[1].1, AttrValue::Array(vec![AttrValue::Bool(true)]));
+        assert_eq!(
+            span.attributes[1].1,
+            AttrValue::Array(vec![AttrValue::Bool(true)])
+        );
     }
 
     #[test]
@@ -348,7 +382,16 @@ pub(crate) mod tests {
         let mut bad_parent = otlp_span(1, 7, "bad-parent");
         bad_parent.parent_span_id = vec![1; 3];
         let good = otlp_span(1, 9, "good");
-        let spans = vec![short_trace, zero_span, backwards, no_start, future, year_3000, bad_parent, good];
+        let spans = vec![
+            short_trace,
+            zero_span,
+            backwards,
+            no_start,
+            future,
+            year_3000,
+            bad_parent,
+            good,
+        ];
         let out = normalize(request(Some("s"), spans), &options(), NOW);
         assert_eq!(out.spans.len(), 1);
         assert_eq!(out.spans[0].name, "good");
@@ -363,19 +406,39 @@ pub(crate) mod tests {
     #[test]
     fn nul_characters_are_replaced_with_a_warning() {
         let mut span = otlp_span(1, 2, "a\0b");
-        span.status = Some(otlp::Status { code: 2, message: "x\0".into() });
+        span.status = Some(otlp::Status {
+            code: 2,
+            message: "x\0".into(),
+        });
         let out = normalize(request(Some("s\0"), vec![span]), &options(), NOW);
         let span = &out.spans[0];
-        assert_eq!((span.service.as_str(), span.name.as_str(), span.status.message.as_str()), ("s\u{FFFD}", "a\u{FFFD}b", "x\u{FFFD}"));
-        assert_eq!(span.warnings, ["NUL characters in names or messages were replaced by U+FFFD"]);
+        assert_eq!(
+            (
+                span.service.as_str(),
+                span.name.as_str(),
+                span.status.message.as_str()
+            ),
+            ("s\u{FFFD}", "a\u{FFFD}b", "x\u{FFFD}")
+        );
+        assert_eq!(
+            span.warnings,
+            ["NUL characters in names or messages were replaced by U+FFFD"]
+        );
     }
 
     #[test]
     fn invalid_links_are_dropped_with_a_warning() {
         let mut span = otlp_span(1, 2, "x");
-        span.links = vec![otlp::span::Link { trace_id: vec![1; 3], span_id: vec![1; 8], ..Default::default() }];
+        span.links = vec![otlp::span::Link {
+            trace_id: vec![1; 3],
+            span_id: vec![1; 8],
+            ..Default::default()
+        }];
         let out = normalize(request(Some("s"), vec![span]), &options(), NOW);
         assert!(out.spans[0].links.is_empty());
-        assert_eq!(out.spans[0].warnings, ["dropped a link with an invalid trace or span id"]);
+        assert_eq!(
+            out.spans[0].warnings,
+            ["dropped a link with an invalid trace or span id"]
+        );
     }
 }

@@ -52,15 +52,26 @@ pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
 /// Opens the store and starts every listener.
 pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     let store = store::open(config.db.as_str()).await.with_context(|| {
-        format!("could not open the database {}; check --db (BUDGETSCOPE_DB)", redact(config.db.as_str()))
+        format!(
+            "could not open the database {}; check --db (BUDGETSCOPE_DB)",
+            redact(config.db.as_str())
+        )
     })?;
-    let ingestor = Ingestor::start(store.clone(), &ingest_options(&config.db, config.max_queued_spans));
-    let receiver = Receiver::new(ingestor.clone(), NormalizeOptions { budget_keys: config.budget_keys.clone() });
+    let ingestor = Ingestor::start(
+        store.clone(),
+        &ingest_options(&config.db, config.max_queued_spans),
+    );
+    let receiver = Receiver::new(
+        ingestor.clone(),
+        NormalizeOptions {
+            budget_keys: config.budget_keys.clone(),
+        },
+    );
 
     let bind = |addr: SocketAddr, flag: &'static str| async move {
-        TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("could not listen on {addr} (--{flag}); is another process using it?"))
+        TcpListener::bind(addr).await.with_context(|| {
+            format!("could not listen on {addr} (--{flag}); is another process using it?")
+        })
     };
     let grpc_listener = bind(config.otlp_grpc_addr, "otlp-grpc-addr").await?;
     let otlp_http_listener = bind(config.otlp_http_addr, "otlp-http-addr").await?;
@@ -94,12 +105,18 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     );
     let http = serve_axum(
         http_listener,
-        web::app(AppState { store: store.clone() }),
+        web::app(AppState {
+            store: store.clone(),
+        }),
         stop_accepting.clone(),
         "ui and api",
     );
     let stop_retention = CancellationToken::new();
-    let retention = tokio::spawn(retention_loop(store.clone(), config.retention, stop_retention.clone()));
+    let retention = tokio::spawn(retention_loop(
+        store.clone(),
+        config.retention,
+        stop_retention.clone(),
+    ));
     tracing::info!(
         %otlp_grpc_addr, %otlp_http_addr, %http_addr, store = store.backend(),
         "budgetscope listening"
@@ -124,7 +141,9 @@ fn serve_axum(
     what: &'static str,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let result = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned()).await;
+        let result = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
         if let Err(error) = result {
             tracing::error!(%error, server = what, "server failed");
         }
@@ -190,7 +209,12 @@ pub fn redact(url: &str) -> String {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];
             match credentials.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..scheme + 3], &credentials[..colon], &url[at..]),
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &credentials[..colon],
+                    &url[at..]
+                ),
                 None => url.to_string(),
             }
         }

@@ -4,9 +4,13 @@
 mod common;
 
 use common::{TestDb, get_json, start};
-use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _};
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
 use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
-use opentelemetry_otlp::{Compression, Protocol, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
+use opentelemetry_otlp::{
+    Compression, Protocol, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
+};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
@@ -20,21 +24,39 @@ enum Transport {
 /// Exports one two-span trace (checkout SERVER → its CLIENT call) and returns its id.
 /// Runs on a blocking thread: the HTTP exporter uses a blocking client and the SDK's
 /// shutdown blocks.
-fn export_trace(transport: Transport, gzip: bool, endpoint: String, runtime: tokio::runtime::Handle) -> String {
+fn export_trace(
+    transport: Transport,
+    gzip: bool,
+    endpoint: String,
+    runtime: tokio::runtime::Handle,
+) -> String {
     let _entered = runtime.enter();
     let exporter = match transport {
         Transport::Grpc => {
-            let builder = opentelemetry_otlp::SpanExporter::builder().with_tonic().with_endpoint(endpoint);
-            if gzip { builder.with_compression(Compression::Gzip).build() } else { builder.build() }
+            let builder = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint);
+            if gzip {
+                builder.with_compression(Compression::Gzip).build()
+            } else {
+                builder.build()
+            }
         }
         Transport::HttpProto | Transport::HttpJson => {
-            let protocol =
-                if matches!(transport, Transport::HttpJson) { Protocol::HttpJson } else { Protocol::HttpBinary };
+            let protocol = if matches!(transport, Transport::HttpJson) {
+                Protocol::HttpJson
+            } else {
+                Protocol::HttpBinary
+            };
             let builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_endpoint(format!("{endpoint}/v1/traces"))
                 .with_protocol(protocol);
-            if gzip { builder.with_compression(Compression::Gzip).build() } else { builder.build() }
+            if gzip {
+                builder.with_compression(Compression::Gzip).build()
+            } else {
+                builder.build()
+            }
         }
     }
     .expect("exporter builds");
@@ -87,9 +109,10 @@ async fn check_transport(transport: Transport, gzip: bool) {
             _ => format!("http://{}", server.otlp_http_addr),
         };
         let handle = tokio::runtime::Handle::current();
-        let trace_id = tokio::task::spawn_blocking(move || export_trace(transport, gzip, endpoint, handle))
-            .await
-            .unwrap();
+        let trace_id =
+            tokio::task::spawn_blocking(move || export_trace(transport, gzip, endpoint, handle))
+                .await
+                .unwrap();
         let context = format!("{transport:?} gzip={gzip} on {}", db.backend);
 
         let (status, trace) = get_json(&server, &format!("/api/traces/{trace_id}")).await;
@@ -97,18 +120,33 @@ async fn check_transport(transport: Transport, gzip: bool) {
         assert_eq!(trace["trace_id"], trace_id, "{context}");
         let spans = trace["spans"].as_array().unwrap();
         assert_eq!(spans.len(), 2, "{context}: {trace}");
-        let root = spans.iter().find(|s| s["kind"] == "server").expect("server span");
-        let call = spans.iter().find(|s| s["kind"] == "client").expect("client span");
+        let root = spans
+            .iter()
+            .find(|s| s["kind"] == "server")
+            .expect("server span");
+        let call = spans
+            .iter()
+            .find(|s| s["kind"] == "client")
+            .expect("client span");
 
         assert_eq!(root["service"], "checkout", "{context}");
-        assert_eq!(root["name"], "POST /checkout <b>", "{context}: names are stored verbatim");
+        assert_eq!(
+            root["name"], "POST /checkout <b>",
+            "{context}: names are stored verbatim"
+        );
         assert_eq!(root["parent_span_id"], serde_json::Value::Null, "{context}");
         assert_eq!(root["budget_ms"], 800.0, "{context}");
         assert_eq!(root["budget_source"], "deadline.remaining_ms", "{context}");
-        assert_eq!(root["attributes"]["http.request.method"], "POST", "{context}");
+        assert_eq!(
+            root["attributes"]["http.request.method"], "POST",
+            "{context}"
+        );
         assert_eq!(root["attributes"]["retry.ratio"], 0.25, "{context}");
         assert_eq!(root["attributes"]["cached"], false, "{context}");
-        assert_eq!(root["resource"]["deployment.environment"], "test", "{context}");
+        assert_eq!(
+            root["resource"]["deployment.environment"], "test",
+            "{context}"
+        );
         assert_eq!(root["scope"]["name"], "budgetscope-tests", "{context}");
         let start = root["start_unix_nano"].as_u64().unwrap();
         let end = root["end_unix_nano"].as_u64().unwrap();
@@ -116,14 +154,21 @@ async fn check_transport(transport: Transport, gzip: bool) {
 
         assert_eq!(call["parent_span_id"], root["span_id"], "{context}");
         assert_eq!(call["budget_ms"], 700.0, "{context}");
-        assert_eq!(call["budget_source"], "http.request.header.x-request-budget-ms", "{context}");
+        assert_eq!(
+            call["budget_source"], "http.request.header.x-request-budget-ms",
+            "{context}"
+        );
         assert_eq!(call["status"]["code"], "error", "{context}");
         assert_eq!(call["status"]["message"], "upstream timed out", "{context}");
         assert_eq!(call["events"][0]["name"], "retrying", "{context}");
         assert_eq!(call["events"][0]["attributes"]["attempt"], 2, "{context}");
 
         let (_, services) = get_json(&server, "/api/services").await;
-        assert_eq!(services["services"], serde_json::json!(["checkout"]), "{context}");
+        assert_eq!(
+            services["services"],
+            serde_json::json!(["checkout"]),
+            "{context}"
+        );
         let (_, operations) = get_json(&server, "/api/services/checkout/operations").await;
         assert_eq!(
             operations["operations"],

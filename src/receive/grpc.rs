@@ -1,48 +1,104 @@
 //! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export`.
 //!
+//! Hand-written rather than the generated `TraceServiceServer` so that requests decode
+//! with `lenient::ExportRequest`: a span name that is not UTF-8 is repaired and flagged
+//! instead of failing the whole request. It answers exactly as the generated server would
+//! otherwise (same path, codec, compression and size handling; UNIMPLEMENTED elsewhere).
+//!
 //! gzip and uncompressed requests are accepted. A request over `max_request_bytes` is
 //! refused by tonic with OUT_OF_RANGE before it is decoded (known quirk: exporters may
 //! retry it; see ARCHITECTURE.md).
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
 use tonic::codec::CompressionEncoding;
+use tonic::codegen::{BoxFuture, EnabledCompressionEncodings, StdError, http};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use super::http::LOSSY_UTF8_WARNING;
+use super::lenient::ExportRequest;
 use super::{RETRY_AFTER, Receiver, refusal_message};
 
-pub struct GrpcReceiver {
-    receiver: Arc<Receiver>,
-}
+const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
 /// The tonic service, ready to add to a `tonic::transport::Server`.
-pub fn service(receiver: Arc<Receiver>, max_request_bytes: usize) -> TraceServiceServer<GrpcReceiver> {
-    TraceServiceServer::new(GrpcReceiver { receiver })
-        .accept_compressed(CompressionEncoding::Gzip)
-        .send_compressed(CompressionEncoding::Gzip)
-        .max_decoding_message_size(max_request_bytes)
+#[derive(Clone)]
+pub struct GrpcReceiver {
+    receiver: Arc<Receiver>,
+    max_request_bytes: usize,
 }
 
-#[tonic::async_trait]
-impl TraceService for GrpcReceiver {
-    async fn export(
-        &self,
-        request: Request<ExportTraceServiceRequest>,
-    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
-        match self.receiver.export(request.into_inner(), None).await {
-            Ok(accepted) => Ok(Response::new(accepted.into_response())),
-            Err(error) => Err(Status::with_error_details(
-                Code::Unavailable,
-                refusal_message(&error),
-                ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
-            )),
+pub fn service(receiver: Arc<Receiver>, max_request_bytes: usize) -> GrpcReceiver {
+    GrpcReceiver {
+        receiver,
+        max_request_bytes,
+    }
+}
+
+impl tonic::server::NamedService for GrpcReceiver {
+    const NAME: &'static str = "opentelemetry.proto.collector.trace.v1.TraceService";
+}
+
+struct Export(Arc<Receiver>);
+
+impl tonic::server::UnaryService<ExportRequest> for Export {
+    type Response = ExportTraceServiceResponse;
+    type Future = BoxFuture<Response<ExportTraceServiceResponse>, Status>;
+
+    fn call(&mut self, request: Request<ExportRequest>) -> Self::Future {
+        let receiver = self.0.clone();
+        Box::pin(async move {
+            let (request, repaired) = request.into_inner().into_request();
+            match receiver
+                .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
+                .await
+            {
+                Ok(accepted) => Ok(Response::new(accepted.into_response())),
+                Err(error) => Err(Status::with_error_details(
+                    Code::Unavailable,
+                    refusal_message(&error),
+                    ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
+                )),
+            }
+        })
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for GrpcReceiver
+where
+    B: http_body::Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != EXPORT_PATH {
+            return Box::pin(async {
+                Ok(
+                    Status::unimplemented("budgetscope serves TraceService/Export only")
+                        .into_http(),
+                )
+            });
         }
+        let mut gzip = EnabledCompressionEncodings::default();
+        gzip.enable(CompressionEncoding::Gzip);
+        let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
+            ExportTraceServiceResponse,
+            ExportRequest,
+        >::default())
+        .apply_compression_config(gzip, gzip)
+        .apply_max_message_size_config(Some(self.max_request_bytes), None);
+        let export = Export(self.receiver.clone());
+        Box::pin(async move { Ok(grpc.unary(export, request).await) })
     }
 }

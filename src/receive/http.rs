@@ -21,6 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
+use super::lenient::ExportRequest;
 use super::{Accepted, RETRY_AFTER, Receiver, refusal_message};
 
 /// gRPC status codes used in `google.rpc.Status` bodies.
@@ -64,21 +65,40 @@ pub struct OtlpHttpError {
 
 impl OtlpHttpError {
     fn new(status: StatusCode, code: i32, format: Format, message: impl Into<String>) -> Self {
-        OtlpHttpError { status, code, message: message.into(), format, retry_after: false }
+        OtlpHttpError {
+            status,
+            code,
+            message: message.into(),
+            format,
+            retry_after: false,
+        }
     }
 }
 
 impl IntoResponse for OtlpHttpError {
     fn into_response(self) -> Response {
-        let status = RpcStatus { code: self.code, message: self.message };
+        let status = RpcStatus {
+            code: self.code,
+            message: self.message,
+        };
         let body = match self.format {
             Format::Protobuf => status.encode_to_vec(),
-            Format::Json => serde_json::to_vec(&serde_json::json!({"code": status.code, "message": status.message}))
-                .unwrap_or_default(),
+            Format::Json => serde_json::to_vec(
+                &serde_json::json!({"code": status.code, "message": status.message}),
+            )
+            .unwrap_or_default(),
         };
-        let mut response = (self.status, [(header::CONTENT_TYPE, self.format.content_type())], body).into_response();
+        let mut response = (
+            self.status,
+            [(header::CONTENT_TYPE, self.format.content_type())],
+            body,
+        )
+            .into_response();
         if self.retry_after {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER.as_secs()));
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(RETRY_AFTER.as_secs()),
+            );
         }
         response
     }
@@ -91,8 +111,15 @@ struct HttpReceiver {
 
 /// The OTLP/HTTP router. `cors_origins` lists the browser origins allowed to export
 /// (none: no CORS headers, so browsers cannot).
-pub fn router(receiver: Arc<Receiver>, max_request_bytes: usize, cors_origins: &[HeaderValue]) -> Router {
-    let state = Arc::new(HttpReceiver { receiver, max_request_bytes });
+pub fn router(
+    receiver: Arc<Receiver>,
+    max_request_bytes: usize,
+    cors_origins: &[HeaderValue],
+) -> Router {
+    let state = Arc::new(HttpReceiver {
+        receiver,
+        max_request_bytes,
+    });
     let router = Router::new()
         .route("/v1/traces", post(export))
         // The handler enforces the limit itself, on the decompressed size too.
@@ -109,7 +136,11 @@ pub fn router(receiver: Arc<Receiver>, max_request_bytes: usize, cors_origins: &
     )
 }
 
-async fn export(State(state): State<Arc<HttpReceiver>>, headers: HeaderMap, body: Body) -> Response {
+async fn export(
+    State(state): State<Arc<HttpReceiver>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     match export_inner(&state, &headers, body).await {
         Ok((format, accepted)) => success(format, accepted),
         Err(error) => error.into_response(),
@@ -137,7 +168,9 @@ async fn export_inner(
     };
     let raw = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large("")),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            return Err(too_large(""));
+        }
         Err(error) => {
             return Err(OtlpHttpError::new(
                 StatusCode::BAD_REQUEST,
@@ -168,20 +201,38 @@ async fn export_inner(
         raw
     };
     let (request, lossy) = decode(&body, format)?;
-    let accepted = state.receiver.export(request, lossy.then_some(LOSSY_UTF8_WARNING)).await.map_err(|error| {
-        let mut refusal = OtlpHttpError::new(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, format, refusal_message(&error));
-        refusal.retry_after = true;
-        refusal
-    })?;
+    let accepted = state
+        .receiver
+        .export(request, lossy.then_some(LOSSY_UTF8_WARNING))
+        .await
+        .map_err(|error| {
+            let mut refusal = OtlpHttpError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                UNAVAILABLE,
+                format,
+                refusal_message(&error),
+            );
+            refusal.retry_after = true;
+            refusal
+        })?;
     Ok((format, accepted))
 }
 
 /// The warning put on spans of a JSON body that was not valid UTF-8.
-pub const LOSSY_UTF8_WARNING: &str = "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
+pub const LOSSY_UTF8_WARNING: &str =
+    "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
 
 fn content_format(headers: &HeaderMap) -> Result<Format, OtlpHttpError> {
-    let value = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let mime = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match mime.as_str() {
         "application/x-protobuf" | "application/protobuf" => Ok(Format::Protobuf),
         "application/json" => Ok(Format::Json),
@@ -197,7 +248,9 @@ fn content_format(headers: &HeaderMap) -> Result<Format, OtlpHttpError> {
 }
 
 fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool, OtlpHttpError> {
-    let Some(value) = headers.get(header::CONTENT_ENCODING) else { return Ok(false) };
+    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+        return Ok(false);
+    };
     let text = value.to_str().unwrap_or("").trim().to_ascii_lowercase();
     match text.as_str() {
         "" | "identity" | "none" => Ok(false),
@@ -211,16 +264,20 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
     }
 }
 
-/// Decodes the body; `true` when a JSON body had to be repaired into valid UTF-8.
+/// Decodes the body; `true` when text had to be repaired into valid UTF-8.
 fn decode(body: &[u8], format: Format) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
-    let bad = |message: String| OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message);
+    let bad = |message: String| {
+        OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
+    };
     match format {
-        Format::Protobuf => ExportTraceServiceRequest::decode(body).map(|r| (r, false)).map_err(|e| {
-            bad(format!(
-                "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
+        Format::Protobuf => ExportRequest::decode(body)
+            .map(ExportRequest::into_request)
+            .map_err(|e| {
+                bad(format!(
+                    "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
                  check that Content-Type and Content-Encoding match what the exporter sends"
-            ))
-        }),
+                ))
+            }),
         Format::Json => {
             let (text, lossy) = match std::str::from_utf8(body) {
                 Ok(text) => (std::borrow::Cow::Borrowed(text), false),
@@ -248,5 +305,10 @@ fn success(format: Format, accepted: Accepted) -> Response {
         }))
         .unwrap_or_default(),
     };
-    (StatusCode::OK, [(header::CONTENT_TYPE, format.content_type())], body).into_response()
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, format.content_type())],
+        body,
+    )
+        .into_response()
 }

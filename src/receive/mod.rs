@@ -7,6 +7,7 @@
 
 pub mod grpc;
 pub mod http;
+pub mod lenient;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -58,7 +59,10 @@ impl Receiver {
         request: ExportTraceServiceRequest,
         warning: Option<&str>,
     ) -> Result<Accepted, IngestError> {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         let mut normalized = normalize(request, &self.options, now);
         if let Some(warning) = warning {
             for span in &mut normalized.spans {
@@ -81,7 +85,9 @@ pub fn refusal_message(error: &IngestError) -> &'static str {
         IngestError::Overloaded => {
             "budgetscope is at its ingest limit (--max-queued-spans); retry after the delay given"
         }
-        IngestError::Unavailable => "budgetscope's database is unavailable; retry after the delay given",
+        IngestError::Unavailable => {
+            "budgetscope's database is unavailable; retry after the delay given"
+        }
         IngestError::Closed => "budgetscope is shutting down; retry against the restarted server",
     }
 }

@@ -146,7 +146,9 @@ pub(crate) fn batch_operations(spans: &[Span]) -> Vec<(String, String, i16, i64)
     let mut seen: std::collections::HashMap<(&str, &str, i16), i64> = Default::default();
     for span in spans {
         let start = i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX);
-        let entry = seen.entry((&span.service, &span.name, span.kind.as_i32() as i16)).or_insert(start);
+        let entry = seen
+            .entry((&span.service, &span.name, span.kind.as_i32() as i16))
+            .or_insert(start);
         *entry = (*entry).max(start);
     }
     let mut operations: Vec<_> = seen
@@ -185,16 +187,20 @@ pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, servic
 
 impl StoredRow {
     pub fn decode(self) -> Result<Span, StoreError> {
-        let corrupt = |what: &str, e: &dyn std::fmt::Display| StoreError::Corrupt(format!("{what}: {e}"));
+        let corrupt =
+            |what: &str, e: &dyn std::fmt::Display| StoreError::Corrupt(format!("{what}: {e}"));
         let json = |text: &str, what: &str| -> Result<Value, StoreError> {
             serde_json::from_str(text).map_err(|e| corrupt(what, &e))
         };
-        let (scope, events, links, warnings) = codec::details_from_json(&json(&self.details, "details")?);
+        let (scope, events, links, warnings) =
+            codec::details_from_json(&json(&self.details, "details")?);
         Ok(Span {
             trace_id: TraceId::from_bytes(&self.trace_id).map_err(|e| corrupt("trace id", &e))?,
             span_id: SpanId::from_bytes(&self.span_id).map_err(|e| corrupt("span id", &e))?,
             parent_span_id: match self.parent_span_id {
-                Some(bytes) => Some(SpanId::from_bytes(&bytes).map_err(|e| corrupt("parent span id", &e))?),
+                Some(bytes) => {
+                    Some(SpanId::from_bytes(&bytes).map_err(|e| corrupt("parent span id", &e))?)
+                }
                 None => None,
             },
             service: self.service,
@@ -202,7 +208,10 @@ impl StoredRow {
             kind: SpanKind::from_i32(self.kind.into()),
             start_unix_nano: self.start_unix_nano.max(0) as u64,
             end_unix_nano: self.end_unix_nano.max(0) as u64,
-            status: Status { code: StatusCode::from_i32(self.status_code.into()), message: self.status_message },
+            status: Status {
+                code: StatusCode::from_i32(self.status_code.into()),
+                message: self.status_message,
+            },
             attributes: codec::attributes_from_json(&json(&self.attributes, "attributes")?),
             resource: codec::attributes_from_json(&json(&self.resource, "resource")?),
             scope,
@@ -222,5 +231,10 @@ pub(crate) fn decode_rows(rows: Vec<StoredRow>) -> Result<Vec<Span>, StoreError>
 }
 
 pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
-    rows.into_iter().map(|(name, kind)| Operation { name, kind: SpanKind::from_i32(kind.into()) }).collect()
+    rows.into_iter()
+        .map(|(name, kind)| Operation {
+            name,
+            kind: SpanKind::from_i32(kind.into()),
+        })
+        .collect()
 }

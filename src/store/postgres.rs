@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::{
-    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations, decode_operations,
-    decode_rows, encode_rows,
+    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations,
+    decode_operations, decode_rows, encode_rows,
 };
 use crate::model::{Span, TraceId};
 
@@ -96,7 +96,9 @@ impl PostgresStore {
         }
         let mut conn = self.pool.acquire().await?;
         let mut copy = conn
-            .copy_in_raw(&format!("COPY spans ({SPAN_COLUMNS}) FROM STDIN WITH (FORMAT csv)"))
+            .copy_in_raw(&format!(
+                "COPY spans ({SPAN_COLUMNS}) FROM STDIN WITH (FORMAT csv)"
+            ))
             .await?;
         copy.send(csv).await?;
         Ok(copy.finish().await?)
@@ -167,7 +169,8 @@ impl Store for PostgresStore {
         if spans.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&encode_rows(spans), &batch_operations(spans)).await
+        self.insert_rows(&encode_rows(spans), &batch_operations(spans))
+            .await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
@@ -181,17 +184,20 @@ impl Store for PostgresStore {
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError> {
-        let rows: Vec<(String, i16)> =
-            sqlx::query_as("SELECT name, kind FROM operations WHERE service = $1 ORDER BY name, kind")
-                .bind(service)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<(String, i16)> = sqlx::query_as(
+            "SELECT name, kind FROM operations WHERE service = $1 ORDER BY name, kind",
+        )
+        .bind(service)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(decode_operations(rows))
     }
 
@@ -216,7 +222,9 @@ impl Store for PostgresStore {
     }
 
     async fn span_count(&self) -> Result<u64, StoreError> {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans").fetch_one(&self.pool).await?;
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
+            .fetch_one(&self.pool)
+            .await?;
         Ok(count as u64)
     }
 }

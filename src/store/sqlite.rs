@@ -9,12 +9,14 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::{
-    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations, decode_operations,
-    decode_rows, encode_rows,
+    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations,
+    decode_operations, decode_rows, encode_rows,
 };
 use crate::model::{Span, TraceId};
 
@@ -41,8 +43,16 @@ impl SqliteStore {
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(if in_memory { 1 } else { 0 })
-            .idle_timeout(if in_memory { None } else { Some(Duration::from_secs(600)) })
-            .max_lifetime(if in_memory { None } else { Some(Duration::from_secs(3600)) })
+            .idle_timeout(if in_memory {
+                None
+            } else {
+                Some(Duration::from_secs(600))
+            })
+            .max_lifetime(if in_memory {
+                None
+            } else {
+                Some(Duration::from_secs(3600))
+            })
             .connect_with(options.clone())
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
@@ -89,10 +99,14 @@ impl SqliteStore {
             insert.build().execute(&mut *tx).await?;
         }
         for chunk in operations.chunks(ROWS_PER_STATEMENT) {
-            let mut upsert: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO operations (service, name, kind, last_seen_unix_nano) ");
+            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "INSERT INTO operations (service, name, kind, last_seen_unix_nano) ",
+            );
             upsert.push_values(chunk, |mut b, (service, name, kind, last)| {
-                b.push_bind(service.as_str()).push_bind(name.as_str()).push_bind(*kind).push_bind(*last);
+                b.push_bind(service.as_str())
+                    .push_bind(name.as_str())
+                    .push_bind(*kind)
+                    .push_bind(*last);
             });
             upsert.push(
                 " ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
@@ -120,7 +134,8 @@ impl Store for SqliteStore {
         if spans.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&encode_rows(spans), &batch_operations(spans)).await
+        self.insert_rows(&encode_rows(spans), &batch_operations(spans))
+            .await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
@@ -134,17 +149,20 @@ impl Store for SqliteStore {
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
-            .fetch_all(&self.reader)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
+                .fetch_all(&self.reader)
+                .await?,
+        )
     }
 
     async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError> {
-        let rows: Vec<(String, i16)> =
-            sqlx::query_as("SELECT name, kind FROM operations WHERE service = ? ORDER BY name, kind")
-                .bind(service)
-                .fetch_all(&self.reader)
-                .await?;
+        let rows: Vec<(String, i16)> = sqlx::query_as(
+            "SELECT name, kind FROM operations WHERE service = ? ORDER BY name, kind",
+        )
+        .bind(service)
+        .fetch_all(&self.reader)
+        .await?;
         Ok(decode_operations(rows))
     }
 
@@ -169,7 +187,9 @@ impl Store for SqliteStore {
     }
 
     async fn span_count(&self) -> Result<u64, StoreError> {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans").fetch_one(&self.reader).await?;
+        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
+            .fetch_one(&self.reader)
+            .await?;
         Ok(count as u64)
     }
 }

@@ -16,13 +16,18 @@ pub async fn healthz() -> Json<Value> {
 
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     state.store.ping().await?;
-    Ok(Json(json!({"status": "ready", "store": state.store.backend()})))
+    Ok(Json(
+        json!({"status": "ready", "store": state.store.backend()}),
+    ))
 }
 
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::not_found(
         "not_found",
-        format!("no such endpoint: {}; see README.md for the API", uri.path()),
+        format!(
+            "no such endpoint: {}; see README.md for the API",
+            uri.path()
+        ),
     )
 }
 
@@ -38,7 +43,10 @@ pub fn parse_trace_id(text: &str) -> Result<TraceId, ApiError> {
     TraceId::from_hex(text).map_err(|e| {
         ApiError::bad_request(
             "invalid_trace_id",
-            format!("trace id {:?} {e}; give the 32 hex digits of the trace id", truncate(text, 64)),
+            format!(
+                "trace id {:?} {e}; give the 32 hex digits of the trace id",
+                truncate(text, 64)
+            ),
         )
     })
 }
@@ -99,7 +107,9 @@ pub async fn operations(
     Path(service): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let operations = state.store.operations(&service).await?;
-    let operations: Vec<Value> =
-        operations.iter().map(|o| json!({"name": o.name, "kind": o.kind.as_str()})).collect();
+    let operations: Vec<Value> = operations
+        .iter()
+        .map(|o| json!({"name": o.name, "kind": o.kind.as_str()}))
+        .collect();
     Ok(Json(json!({"service": service, "operations": operations})))
 }

@@ -19,11 +19,19 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into() }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::NOT_FOUND, code, message: message.into() }
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -44,7 +52,8 @@ impl From<StoreError> for ApiError {
                 ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     code: "corrupt_data",
-                    message: "stored data could not be read; the server log names the record".into(),
+                    message: "stored data could not be read; the server log names the record"
+                        .into(),
                 }
             }
         }

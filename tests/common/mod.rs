@@ -27,7 +27,12 @@ impl TestDb {
     pub fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}", dir.path().join("test.db").display());
-        TestDb { url, backend: "sqlite", _dir: Some(dir), postgres_cleanup: None }
+        TestDb {
+            url,
+            backend: "sqlite",
+            _dir: Some(dir),
+            postgres_cleanup: None,
+        }
     }
 
     /// A fresh schema on the test Postgres, or `None` (with a printed reason) when there
@@ -36,12 +41,15 @@ impl TestDb {
         let explicit = std::env::var("BUDGETSCOPE_TEST_POSTGRES_URL").ok();
         let required = explicit.is_some() || std::env::var_os("CI").is_some();
         let base = explicit.unwrap_or_else(|| DEFAULT_POSTGRES_URL.to_string());
-        let connect = tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&base)).await;
+        let connect =
+            tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&base)).await;
         let mut conn = match connect {
             Ok(Ok(conn)) => conn,
             Ok(Err(error)) if !required => return skip(&base, &error.to_string()),
             Err(_) if !required => return skip(&base, "timed out"),
-            Ok(Err(error)) => panic!("Postgres at {base} is required here (CI or BUDGETSCOPE_TEST_POSTGRES_URL) but: {error}"),
+            Ok(Err(error)) => panic!(
+                "Postgres at {base} is required here (CI or BUDGETSCOPE_TEST_POSTGRES_URL) but: {error}"
+            ),
             Err(_) => panic!("Postgres at {base} is required here but did not answer within 5 s"),
         };
         let schema = format!("bs_test_{}", unique_suffix());
@@ -51,7 +59,12 @@ impl TestDb {
             .expect("create test schema");
         let separator = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{separator}options[search_path]={schema}");
-        Some(TestDb { url, backend: "postgres", _dir: None, postgres_cleanup: Some((base, schema)) })
+        Some(TestDb {
+            url,
+            backend: "postgres",
+            _dir: None,
+            postgres_cleanup: Some((base, schema)),
+        })
     }
 
     /// SQLite always, Postgres when available.
@@ -72,16 +85,23 @@ fn skip(url: &str, why: &str) -> Option<TestDb> {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let Some((base, schema)) = self.postgres_cleanup.take() else { return };
+        let Some((base, schema)) = self.postgres_cleanup.take() else {
+            return;
+        };
         // Drop may run inside a runtime: clean up on a thread with its own.
         let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             runtime.block_on(async {
                 let mut conn = sqlx::PgConnection::connect(&base).await.ok()?;
-                sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
-                    .execute(&mut conn)
-                    .await
-                    .ok()
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {schema} CASCADE"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()
             })
         })
         .join();
@@ -89,7 +109,10 @@ impl Drop for TestDb {
 }
 
 pub fn unique_suffix() -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("{:x}{:04x}", nanos, rand::random::<u16>())
 }
 
@@ -115,19 +138,30 @@ pub fn config(db: &TestDb, extra: &[&str]) -> ServeConfig {
 }
 
 pub async fn start(db: &TestDb, extra: &[&str]) -> RunningServer {
-    server::start(&config(db, extra)).await.expect("server starts")
+    server::start(&config(db, extra))
+        .await
+        .expect("server starts")
 }
 
 pub fn now_nanos() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 /// GET a JSON document from the server's UI/API port.
 pub async fn get_json(server: &RunningServer, path: &str) -> (u16, serde_json::Value) {
-    let response = reqwest::get(format!("http://{}{}", server.http_addr, path)).await.expect("GET");
+    let response = reqwest::get(format!("http://{}{}", server.http_addr, path))
+        .await
+        .expect("GET");
     let status = response.status().as_u16();
     let body = response.bytes().await.expect("body");
-    let json = serde_json::from_slice(&body)
-        .unwrap_or_else(|e| panic!("{path} answered non-JSON ({e}): {}", String::from_utf8_lossy(&body)));
+    let json = serde_json::from_slice(&body).unwrap_or_else(|e| {
+        panic!(
+            "{path} answered non-JSON ({e}): {}",
+            String::from_utf8_lossy(&body)
+        )
+    });
     (status, json)
 }

@@ -1,0 +1,263 @@
+//! One conformance suite for every `Store` implementation: each test runs on SQLite and,
+//! when reachable, on Postgres (see tests/common/mod.rs).
+
+mod common;
+
+use std::sync::Arc;
+
+use budgetscope::model::{
+    AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
+};
+use budgetscope::store::{self, Operation, Store};
+use common::TestDb;
+
+fn span(trace: u8, id: u8, parent: Option<u8>, service: &str, name: &str, start: u64) -> Span {
+    Span {
+        trace_id: TraceId([trace; 16]),
+        span_id: SpanId([id; 8]),
+        parent_span_id: parent.map(|p| SpanId([p; 8])),
+        service: service.into(),
+        name: name.into(),
+        kind: SpanKind::Server,
+        start_unix_nano: start,
+        end_unix_nano: start + 1_000_000,
+        status: Status {
+            code: StatusCode::Unset,
+            message: String::new(),
+        },
+        attributes: vec![],
+        resource: vec![("service.name".into(), AttrValue::String(service.into()))],
+        scope: Scope::default(),
+        events: vec![],
+        links: vec![],
+        budget: None,
+        warnings: vec![],
+    }
+}
+
+/// Runs `check` against a fresh store of every available backend.
+async fn on_every_store<F, Fut>(check: F)
+where
+    F: Fn(Arc<dyn Store>, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.expect("store opens");
+        check(store, db.backend).await;
+    }
+}
+
+#[tokio::test]
+async fn a_span_round_trips_with_every_field() {
+    on_every_store(|store, backend| async move {
+        let mut full = span(
+            1,
+            2,
+            Some(3),
+            "inventory",
+            "GET /stock \"<x>\" ünïcode",
+            1_780_000_000_123_456_789,
+        );
+        full.kind = SpanKind::Consumer;
+        full.status = Status {
+            code: StatusCode::Error,
+            message: "deadline exceeded".into(),
+        };
+        full.attributes = vec![
+            ("deadline.remaining_ms".into(), AttrValue::Int(-100)),
+            ("ratio".into(), AttrValue::Double(0.5)),
+            ("flag".into(), AttrValue::Bool(true)),
+            (
+                "list".into(),
+                AttrValue::Array(vec![AttrValue::String("a".into()), AttrValue::Int(2)]),
+            ),
+            (
+                "nested".into(),
+                AttrValue::Map(vec![("k".into(), AttrValue::String("v".into()))]),
+            ),
+            ("nul".into(), AttrValue::String("a\0b".into())),
+        ];
+        full.scope = Scope {
+            name: "io.opentelemetry.grpc".into(),
+            version: "1.2".into(),
+        };
+        full.events = vec![Event {
+            time_unix_nano: 42,
+            name: "exception".into(),
+            attributes: vec![],
+        }];
+        full.links = vec![Link {
+            trace_id: TraceId([9; 16]),
+            span_id: SpanId([8; 8]),
+            attributes: vec![],
+        }];
+        full.budget = Some(Budget {
+            ms: 812.5,
+            source: "deadline.remaining_ms".into(),
+        });
+        full.warnings = vec!["budget attribute x has unparsable value \"y\"".into()];
+        store
+            .write_spans(std::slice::from_ref(&full))
+            .await
+            .unwrap();
+
+        let mut expected = full.clone();
+        expected.attributes.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            store.trace(TraceId([1; 16])).await.unwrap(),
+            vec![expected],
+            "{backend}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn writes_are_idempotent_first_copy_wins() {
+    on_every_store(|store, backend| async move {
+        let first = span(1, 2, None, "a", "first", 1_000);
+        let mut retry = first.clone();
+        retry.name = "second".into();
+        store.write_spans(&[first.clone()]).await.unwrap();
+        // An exporter retry, and a duplicate within one batch.
+        store.write_spans(&[retry.clone(), retry]).await.unwrap();
+        let stored = store.trace(TraceId([1; 16])).await.unwrap();
+        assert_eq!(stored.len(), 1, "{backend}");
+        assert_eq!(stored[0].name, "first", "{backend}");
+        assert_eq!(store.span_count().await.unwrap(), 1, "{backend}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn trace_returns_only_its_spans_in_start_order() {
+    on_every_store(|store, backend| async move {
+        store
+            .write_spans(&[
+                span(1, 3, Some(1), "b", "late", 3_000),
+                span(1, 1, None, "a", "root", 1_000),
+                span(2, 9, None, "z", "other trace", 500),
+                span(1, 2, Some(1), "b", "early", 2_000),
+            ])
+            .await
+            .unwrap();
+        let names: Vec<String> = store
+            .trace(TraceId([1; 16]))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["root", "early", "late"], "{backend}");
+        assert!(
+            store.trace(TraceId([7; 16])).await.unwrap().is_empty(),
+            "{backend}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn services_and_operations_are_listed_sorted_and_distinct() {
+    on_every_store(|store, backend| async move {
+        let mut client = span(1, 3, Some(1), "checkout", "GET /stock", 2_000);
+        client.kind = SpanKind::Client;
+        store
+            .write_spans(&[
+                span(1, 1, None, "checkout", "POST /checkout", 1_000),
+                client,
+            ])
+            .await
+            .unwrap();
+        store
+            .write_spans(&[span(2, 1, None, "checkout", "POST /checkout", 9_000)])
+            .await
+            .unwrap();
+        store
+            .write_spans(&[span(3, 1, None, "billing", "Charge", 9_000)])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.services().await.unwrap(),
+            ["billing", "checkout"],
+            "{backend}"
+        );
+        assert_eq!(
+            store.operations("checkout").await.unwrap(),
+            [
+                Operation {
+                    name: "GET /stock".into(),
+                    kind: SpanKind::Client
+                },
+                Operation {
+                    name: "POST /checkout".into(),
+                    kind: SpanKind::Server
+                },
+            ],
+            "{backend}"
+        );
+        assert!(
+            store.operations("nobody").await.unwrap().is_empty(),
+            "{backend}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_deletes_old_spans_in_bounded_batches() {
+    on_every_store(|store, backend| async move {
+        let old: Vec<Span> = (1..=5)
+            .map(|i| span(1, i, None, "old", "x", 1_000 + u64::from(i)))
+            .collect();
+        store.write_spans(&old).await.unwrap();
+        store
+            .write_spans(&[span(2, 1, None, "new", "y", 10_000)])
+            .await
+            .unwrap();
+
+        assert_eq!(
+            store.delete_before(5_000, 3).await.unwrap(),
+            3,
+            "{backend}: at most the limit"
+        );
+        assert_eq!(store.delete_before(5_000, 3).await.unwrap(), 2, "{backend}");
+        assert_eq!(store.delete_before(5_000, 3).await.unwrap(), 0, "{backend}");
+        assert_eq!(store.span_count().await.unwrap(), 1, "{backend}");
+        assert_eq!(
+            store.services().await.unwrap(),
+            ["new"],
+            "{backend}: stale operations go too"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_large_batch_is_one_transaction() {
+    on_every_store(|store, backend| async move {
+        let spans: Vec<Span> = (0..5_000u32)
+            .map(|i| {
+                let mut s = span(0, 0, None, "bulk", "op", 1_000 + u64::from(i));
+                s.trace_id = TraceId([(i % 251) as u8 + 1; 16]);
+                s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
+                s
+            })
+            .collect();
+        store.write_spans(&spans).await.unwrap();
+        assert_eq!(store.span_count().await.unwrap(), 5_000, "{backend}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn ping_answers_on_a_live_store() {
+    on_every_store(|store, backend| async move {
+        store
+            .ping()
+            .await
+            .unwrap_or_else(|e| panic!("{backend}: {e}"));
+        assert_eq!(store.backend(), backend);
+    })
+    .await;
+}
