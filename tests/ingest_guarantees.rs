@@ -1,0 +1,244 @@
+//! What the ingest path promises exporters: a span is either committed before the success
+//! answer, or refused with a retryable status; nothing accepted is lost on shutdown.
+
+mod common;
+
+use std::time::Duration;
+
+use budgetscope::store;
+use common::{TestDb, get_json, now_nanos, start};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+use prost::Message as _;
+use sqlx::Connection as _;
+use tonic_types::StatusExt as _;
+
+fn request(trace: u32, spans: u32) -> ExportTraceServiceRequest {
+    let start = now_nanos();
+    let spans = (0..spans)
+        .map(|i| Span {
+            trace_id: (u128::from(trace) + (1 << 100)).to_be_bytes().to_vec(),
+            span_id: (u64::from(i) + 1).to_be_bytes().to_vec(),
+            name: format!("op{i}"),
+            kind: 2,
+            start_time_unix_nano: start,
+            end_time_unix_nano: start + 1_000,
+            ..Default::default()
+        })
+        .collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+fn trace_path(trace: u32) -> String {
+    format!("/api/traces/{:032x}", u128::from(trace) + (1 << 100))
+}
+
+async fn post(
+    client: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    client
+        .post(format!("http://{addr}/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .body(body)
+        .send()
+        .await
+        .expect("request completes")
+}
+
+/// Holds SQLite's write lock from another connection, as another process might.
+async fn hold_write_lock(db: &TestDb) -> sqlx::SqliteConnection {
+    let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_with_retry_hints_and_loses_nothing_it_accepted() {
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--max-queued-spans", "1"]).await;
+    let addr = server.otlp_http_addr;
+    let client = reqwest::Client::new();
+    let mut lock = hold_write_lock(&db).await;
+
+    // The first request is admitted and waits for the writer, which waits for the lock.
+    let admitted = tokio::spawn({
+        let client = client.clone();
+        async move {
+            post(&client, addr, request(1, 1).encode_to_vec())
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    // Every further request is refused at once while that one holds the queue. Requests
+    // that raced ahead of it would block instead, so the first answer is a refusal.
+    let refused = post(&client, addr, request(2, 1).encode_to_vec()).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let text = String::from_utf8_lossy(&refused.bytes().await.unwrap()).into_owned();
+    assert!(text.contains("ingest limit"), "{text}");
+
+    let mut grpc = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr))
+        .await
+        .unwrap();
+    let status = grpc.export(request(3, 1)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        status.get_details_retry_info().and_then(|r| r.retry_delay),
+        Some(Duration::from_secs(1))
+    );
+
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    assert_eq!(admitted.await.unwrap(), 200);
+    assert_eq!(
+        get_json(&server, &trace_path(1)).await.0,
+        200,
+        "the admitted span was committed"
+    );
+    assert_eq!(
+        get_json(&server, &trace_path(2)).await.0,
+        404,
+        "the refused one was not"
+    );
+    assert_eq!(get_json(&server, &trace_path(3)).await.0, 404);
+
+    // The exporter's retry now goes through.
+    assert_eq!(
+        post(&client, addr, request(2, 1).encode_to_vec())
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(get_json(&server, &trace_path(2)).await.0, 200);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_answers_503_and_the_retry_is_stored() {
+    for db in TestDb::all().await {
+        let server = start(&db, &[]).await;
+        let client = reqwest::Client::new();
+        let break_table = "ALTER TABLE spans RENAME TO spans_elsewhere";
+        let mend_table = "ALTER TABLE spans_elsewhere RENAME TO spans";
+        // A real failure of the real database: the table is gone for a moment.
+        let run = |sql: &'static str| {
+            let url = db.url.clone();
+            let backend = db.backend;
+            async move {
+                if backend == "sqlite" {
+                    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                    sqlx::query(sql).execute(&mut conn).await.unwrap();
+                } else {
+                    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+                    sqlx::query(sql).execute(&mut conn).await.unwrap();
+                }
+            }
+        };
+        run(break_table).await;
+        let refused = post(
+            &client,
+            server.otlp_http_addr,
+            request(7, 3).encode_to_vec(),
+        )
+        .await;
+        assert_eq!(refused.status(), 503, "{}", db.backend);
+        assert_eq!(refused.headers()["retry-after"], "1", "{}", db.backend);
+        let text = String::from_utf8_lossy(&refused.bytes().await.unwrap()).into_owned();
+        assert!(
+            text.contains("database is unavailable"),
+            "{}: {text}",
+            db.backend
+        );
+        assert!(
+            !text.contains("spans"),
+            "{}: no database text leaks: {text}",
+            db.backend
+        );
+
+        run(mend_table).await;
+        let retried = post(
+            &client,
+            server.otlp_http_addr,
+            request(7, 3).encode_to_vec(),
+        )
+        .await;
+        assert_eq!(retried.status(), 200, "{}", db.backend);
+        let (_, trace) = get_json(&server, &trace_path(7)).await;
+        assert_eq!(
+            trace["spans"].as_array().unwrap().len(),
+            3,
+            "{}",
+            db.backend
+        );
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_commits_every_acknowledged_span() {
+    for db in TestDb::all().await {
+        let server = start(&db, &[]).await;
+        let addr = server.otlp_http_addr;
+        let client = reqwest::Client::new();
+        // Senders keep exporting while the server shuts down under them.
+        let senders: Vec<_> = (0..4u32)
+            .map(|sender| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut acknowledged = Vec::new();
+                    for batch in 0..200u32 {
+                        let trace = sender * 1_000 + batch;
+                        let sent = client
+                            .post(format!("http://{addr}/v1/traces"))
+                            .header("content-type", "application/x-protobuf")
+                            .body(request(trace, 20).encode_to_vec())
+                            .send()
+                            .await;
+                        match sent {
+                            Ok(response) if response.status() == 200 => acknowledged.push(trace),
+                            _ => break,
+                        }
+                    }
+                    acknowledged
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        server.shutdown().await;
+        let mut acknowledged = Vec::new();
+        for sender in senders {
+            acknowledged.extend(sender.await.unwrap());
+        }
+        assert!(
+            !acknowledged.is_empty(),
+            "{}: some exports finished before shutdown",
+            db.backend
+        );
+
+        let reopened = store::open(&db.url).await.unwrap();
+        for trace in &acknowledged {
+            let id = budgetscope::model::TraceId((u128::from(*trace) + (1 << 100)).to_be_bytes());
+            assert_eq!(
+                reopened.trace(id).await.unwrap().len(),
+                20,
+                "{}: trace {trace}",
+                db.backend
+            );
+        }
+        assert!(reopened.span_count().await.unwrap() >= acknowledged.len() as u64 * 20);
+    }
+}
