@@ -74,22 +74,25 @@ async fn a_full_queue_refuses_with_retry_hints_and_loses_nothing_it_accepted() {
     let client = reqwest::Client::new();
     let mut lock = hold_write_lock(&db).await;
 
-    // The first request is admitted and waits for the writer, which waits for the lock.
-    let admitted = tokio::spawn({
-        let client = client.clone();
-        async move {
-            post(&client, addr, request(1, 1).encode_to_vec())
-                .await
-                .status()
-                .as_u16()
-        }
-    });
-    // Every further request is refused at once while that one holds the queue. Requests
-    // that raced ahead of it would block instead, so the first answer is a refusal.
-    let refused = post(&client, addr, request(2, 1).encode_to_vec()).await;
-    assert_eq!(refused.status(), 503);
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let text = String::from_utf8_lossy(&refused.bytes().await.unwrap()).into_owned();
+    // Two requests race for the one queue slot: the winner waits for the writer (which
+    // waits for the lock), the loser is refused at once, so the first answer is a refusal.
+    let (answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
+    for trace in [1u32, 2] {
+        let (client, answers) = (client.clone(), answers.clone());
+        tokio::spawn(async move {
+            let response = post(&client, addr, request(trace, 1).encode_to_vec()).await;
+            let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            let text = String::from_utf8_lossy(&response.bytes().await.unwrap()).into_owned();
+            answers.send((trace, status, retry_after, text)).unwrap();
+        });
+    }
+    let (refused_trace, status, retry_after, text) = answered.recv().await.unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
     assert!(text.contains("ingest limit"), "{text}");
 
     let mut grpc = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr))
@@ -103,14 +106,15 @@ async fn a_full_queue_refuses_with_retry_hints_and_loses_nothing_it_accepted() {
     );
 
     sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
-    assert_eq!(admitted.await.unwrap(), 200);
+    let (admitted_trace, status, _, text) = answered.recv().await.unwrap();
+    assert_eq!(status, 200, "{text}");
     assert_eq!(
-        get_json(&server, &trace_path(1)).await.0,
+        get_json(&server, &trace_path(admitted_trace)).await.0,
         200,
         "the admitted span was committed"
     );
     assert_eq!(
-        get_json(&server, &trace_path(2)).await.0,
+        get_json(&server, &trace_path(refused_trace)).await.0,
         404,
         "the refused one was not"
     );
