@@ -31,6 +31,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the OTLP receivers, the UI and the JSON API.
     Serve(ServeArgs),
+    /// Measure budgetscope (method and figures: BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
+            Command::Bench(command) => budgetscope::bench::run(command).await,
         }
     });
     match result {

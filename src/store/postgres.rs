@@ -105,6 +105,30 @@ impl PostgresStore {
     }
 }
 
+/// Creates a schema (for isolated benchmark and test databases).
+pub async fn create_schema(url: &str, schema: &str) -> Result<(), StoreError> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA IF NOT EXISTS \"{schema}\""
+    )))
+    .execute(&mut conn)
+    .await?;
+    Ok(())
+}
+
+/// Drops a schema created by `create_schema`, with everything in it.
+pub async fn drop_schema(url: &str, schema: &str) -> Result<(), StoreError> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(&mut conn)
+    .await?;
+    Ok(())
+}
+
 fn write_csv_row(out: &mut Vec<u8>, row: &SpanRow) {
     use std::io::Write as _;
     let bytea = |out: &mut Vec<u8>, bytes: &[u8]| {

@@ -1,0 +1,808 @@
+//! `budgetscope bench ingest`: end-to-end ingest throughput against a real server process,
+//! and, in the same run, the raw insert ceiling of the same rows (BENCHMARKS.md).
+//!
+//! Method. Traces are generated up front (multi-hop chains with budgets, realistic
+//! attributes) and grouped into requests of `--batch` spans. A child `budgetscope serve`
+//! is started on a fresh database; `--concurrency` senders export every request over the
+//! chosen transport, retrying refusals after the server's retry delay as exporters do.
+//! "Committed" spans/s counts acknowledged spans over the wall time of the run: the server
+//! acknowledges only after commit. Then the child is stopped with SIGTERM, the database is
+//! reopened and its span count must equal the spans sent. Last, the same spans, already
+//! normalised and encoded, are inserted straight into a fresh database of the same schema
+//! (and, on Postgres, loaded with COPY): the ceiling the receiver path is compared with.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message as _;
+use rand::Rng as _;
+
+use crate::budget::DEFAULT_BUDGET_KEYS;
+use crate::normalize::{NormalizeOptions, normalize};
+use crate::store::{self, encode_rows};
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Ingest throughput, latency, server CPU and memory, against the raw insert ceiling.
+    Ingest(IngestBench),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    Grpc,
+    HttpProto,
+    HttpJson,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct IngestBench {
+    /// Database for the run: "sqlite" (fresh files in a temp dir) or a postgres:// URL
+    /// (fresh schemas, dropped afterwards).
+    #[arg(long, default_value = "sqlite")]
+    pub db: String,
+    #[arg(long, value_enum, default_value = "grpc")]
+    pub transport: Transport,
+    /// Spans per export request.
+    #[arg(long, default_value = "512")]
+    pub batch: usize,
+    /// Concurrent senders.
+    #[arg(long, default_value = "4")]
+    pub concurrency: usize,
+    /// Total spans to send.
+    #[arg(long, default_value = "200000")]
+    pub spans: usize,
+    /// gzip the requests.
+    #[arg(long)]
+    pub gzip: bool,
+    /// Send at most this many spans per second in total (0: as fast as possible).
+    #[arg(long, default_value = "0")]
+    pub rate: u64,
+    /// Passed to the server: spans accepted but not yet committed (small values show overload).
+    #[arg(long, default_value = "200000")]
+    pub max_queued_spans: usize,
+    /// Skip the raw-insert ceiling (end-to-end figures only).
+    #[arg(long)]
+    pub no_ceiling: bool,
+}
+
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Ingest(bench) => ingest(bench).await,
+    }
+}
+
+/// One export request, encoded for the transport ahead of time.
+struct Prepared {
+    request: ExportTraceServiceRequest,
+    body: Vec<u8>,
+    spans: usize,
+}
+
+async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
+    if bench.batch == 0 || bench.concurrency == 0 || bench.spans == 0 {
+        bail!("--batch, --concurrency and --spans must be at least 1");
+    }
+    eprintln!(
+        "generating {} spans in requests of {}…",
+        bench.spans, bench.batch
+    );
+    let requests = generate(bench.spans, bench.batch);
+    let prepared: Vec<Prepared> = requests
+        .into_iter()
+        .map(|request| {
+            let spans = request
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            let body = match bench.transport {
+                Transport::HttpJson => serde_json::to_vec(&request).expect("request serialises"),
+                _ => request.encode_to_vec(),
+            };
+            let body = if bench.gzip && bench.transport != Transport::Grpc {
+                gzip(&body)
+            } else {
+                body
+            };
+            Prepared {
+                request,
+                body,
+                spans,
+            }
+        })
+        .collect();
+    let bytes: usize = prepared.iter().map(|p| p.body.len()).sum();
+    let total_spans: usize = prepared.iter().map(|p| p.spans).sum();
+
+    let databases = BenchDatabases::new(&bench.db).await?;
+    let serve_url = databases.fresh("e2e").await?;
+    let server = ChildServer::start(&serve_url, bench.max_queued_spans).await?;
+    eprintln!(
+        "server pid {} on {}; sending over {:?}{}",
+        server.pid,
+        serve_url_label(&serve_url),
+        bench.transport,
+        if bench.gzip { " + gzip" } else { "" }
+    );
+
+    let prepared = Arc::new(prepared);
+    let next = Arc::new(AtomicU64::new(0));
+    let acked = Arc::new(AtomicU64::new(0));
+    let refusals = Arc::new(AtomicU64::new(0));
+    let cpu_before = server.cpu_seconds()?;
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for _ in 0..bench.concurrency {
+        let (prepared, next, acked, refusals) = (
+            prepared.clone(),
+            next.clone(),
+            acked.clone(),
+            refusals.clone(),
+        );
+        let (transport, gzip, rate) = (bench.transport, bench.gzip, bench.rate);
+        let (grpc_addr, http_addr) = (server.grpc_addr, server.http_otlp_addr);
+        senders.push(tokio::spawn(async move {
+            let mut sender = Sender::connect(transport, gzip, grpc_addr, http_addr).await?;
+            let mut latencies = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(request) = prepared.get(index) else {
+                    break;
+                };
+                if rate > 0 {
+                    // Pace the whole run: request i may start once i spans' worth of time passed.
+                    let due = Duration::from_secs_f64(
+                        acked_before(index, &prepared) as f64 / rate as f64,
+                    );
+                    tokio::time::sleep_until((started + due).into()).await;
+                }
+                let sent = Instant::now();
+                loop {
+                    match sender.send(request).await? {
+                        Outcome::Stored => break,
+                        Outcome::RetryAfter(delay) => {
+                            refusals.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(delay).await;
+                        }
+                    }
+                }
+                latencies.push(sent.elapsed());
+                acked.fetch_add(request.spans as u64, Ordering::Relaxed);
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut peak_rss_during = 0u64;
+    let progress = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            peak_rss_during = peak_rss_during.max(server.rss_bytes().unwrap_or(0));
+            let done = acked.load(Ordering::Relaxed);
+            eprintln!(
+                "  {done}/{total_spans} spans committed ({:.0} spans/s so far), server RSS {:.0} MiB",
+                done as f64 / started.elapsed().as_secs_f64(),
+                peak_rss_during as f64 / 1048576.0
+            );
+        }
+    };
+    let mut latencies = Vec::new();
+    tokio::select! {
+        results = futures_join(senders) => {
+            for result in results {
+                latencies.extend(result.context("sender task failed")??);
+            }
+        }
+        _ = progress => unreachable!("progress never ends"),
+    }
+    let elapsed = started.elapsed();
+    let cpu = server.cpu_seconds()? - cpu_before;
+    let peak_rss = server.peak_rss_bytes()?;
+    server.stop().await?;
+
+    let stored = store::open(&serve_url).await?.span_count().await?;
+    latencies.sort();
+    let quantile = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    let e2e_rate = total_spans as f64 / elapsed.as_secs_f64();
+    println!(
+        "## ingest: {:?}{}, {} spans/request, {} senders, {}",
+        bench.transport,
+        if bench.gzip { " + gzip" } else { "" },
+        bench.batch,
+        bench.concurrency,
+        databases.backend()
+    );
+    println!("| measure | value |\n|---|---|");
+    println!("| spans sent / stored after shutdown | {total_spans} / {stored} |");
+    println!(
+        "| requests ({:.1} MiB on the wire) | {} |",
+        bytes as f64 / 1048576.0,
+        prepared.len()
+    );
+    println!(
+        "| refusals retried (503 / UNAVAILABLE) | {} |",
+        refusals.load(Ordering::Relaxed)
+    );
+    println!("| wall time | {:.2} s |", elapsed.as_secs_f64());
+    println!("| committed spans/s (end to end) | {e2e_rate:.0} |");
+    println!(
+        "| export latency p50 / p99 | {:.1} ms / {:.1} ms |",
+        ms(quantile(0.5)),
+        ms(quantile(0.99))
+    );
+    println!(
+        "| server CPU | {cpu:.2} s ({:.0}% of one core) |",
+        100.0 * cpu / elapsed.as_secs_f64()
+    );
+    println!(
+        "| server peak RSS (VmHWM) | {:.1} MiB |",
+        peak_rss as f64 / 1048576.0
+    );
+    if stored != total_spans as u64 {
+        bail!("stored {stored} spans but sent {total_spans}: spans were lost or duplicated");
+    }
+
+    if !bench.no_ceiling {
+        eprintln!("raw ceiling: normalising and encoding the same spans…");
+        let options = NormalizeOptions {
+            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        };
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+        let spans: Vec<_> = prepared
+            .iter()
+            .flat_map(|p| normalize(p.request.clone(), &options, now).spans)
+            .collect();
+        let rows = encode_rows(&spans);
+        let operations = store::batch_operations(&spans);
+        let ceiling_url = databases.fresh("ceiling").await?;
+        let started = Instant::now();
+        databases
+            .insert_rows(&ceiling_url, &rows, &operations)
+            .await?;
+        let insert_rate = rows.len() as f64 / started.elapsed().as_secs_f64();
+        println!(
+            "| raw ceiling: same rows, multi-row INSERT, 10k rows/transaction | {insert_rate:.0} spans/s |"
+        );
+        println!(
+            "| end to end / raw INSERT ceiling | {:.2} |",
+            e2e_rate / insert_rate
+        );
+        if databases.is_postgres() {
+            let copy_url = databases.fresh("copy").await?;
+            let started = Instant::now();
+            databases.copy_rows(&copy_url, &rows).await?;
+            let copy_rate = rows.len() as f64 / started.elapsed().as_secs_f64();
+            println!("| raw ceiling: same rows, one COPY | {copy_rate:.0} spans/s |");
+            println!("| end to end / COPY | {:.2} |", e2e_rate / copy_rate);
+        }
+    }
+    databases.cleanup().await;
+    Ok(())
+}
+
+fn acked_before(index: usize, prepared: &[Prepared]) -> usize {
+    prepared[..index].iter().map(|p| p.spans).sum()
+}
+
+async fn futures_join<T>(
+    handles: Vec<tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut results = Vec::with_capacity(handles.len());
+    for handle in handles {
+        results.push(handle.await);
+    }
+    results
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(data).expect("in-memory write");
+    encoder.finish().expect("in-memory write")
+}
+
+fn serve_url_label(url: &str) -> String {
+    crate::server::redact(url)
+}
+
+enum Outcome {
+    Stored,
+    RetryAfter(Duration),
+}
+
+enum Sender {
+    Grpc(TraceServiceClient<tonic::transport::Channel>),
+    Http {
+        client: reqwest::Client,
+        url: String,
+        content_type: &'static str,
+        gzip: bool,
+    },
+}
+
+impl Sender {
+    async fn connect(
+        transport: Transport,
+        gzip: bool,
+        grpc: SocketAddr,
+        http: SocketAddr,
+    ) -> anyhow::Result<Sender> {
+        Ok(match transport {
+            Transport::Grpc => {
+                let mut client = TraceServiceClient::connect(format!("http://{grpc}"))
+                    .await?
+                    .max_encoding_message_size(usize::MAX);
+                if gzip {
+                    client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+                }
+                Sender::Grpc(client)
+            }
+            Transport::HttpProto | Transport::HttpJson => Sender::Http {
+                client: reqwest::Client::new(),
+                url: format!("http://{http}/v1/traces"),
+                content_type: if transport == Transport::HttpJson {
+                    "application/json"
+                } else {
+                    "application/x-protobuf"
+                },
+                gzip,
+            },
+        })
+    }
+
+    async fn send(&mut self, request: &Prepared) -> anyhow::Result<Outcome> {
+        match self {
+            Sender::Grpc(client) => match client.export(request.request.clone()).await {
+                Ok(_) => Ok(Outcome::Stored),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    use tonic_types::StatusExt as _;
+                    let delay = status.get_details_retry_info().and_then(|r| r.retry_delay);
+                    Ok(Outcome::RetryAfter(delay.unwrap_or(Duration::from_secs(1))))
+                }
+                Err(status) => bail!("export failed: {status}"),
+            },
+            Sender::Http {
+                client,
+                url,
+                content_type,
+                gzip,
+            } => {
+                let mut post = client
+                    .post(url.as_str())
+                    .header("content-type", *content_type)
+                    .body(request.body.clone());
+                if *gzip {
+                    post = post.header("content-encoding", "gzip");
+                }
+                let response = post.send().await?;
+                match response.status().as_u16() {
+                    200 => Ok(Outcome::Stored),
+                    429 | 502 | 503 | 504 => {
+                        let seconds = response
+                            .headers()
+                            .get("retry-after")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .unwrap_or(1);
+                        Ok(Outcome::RetryAfter(Duration::from_secs(seconds)))
+                    }
+                    status => bail!(
+                        "export failed with HTTP {status}: {}",
+                        response.text().await.unwrap_or_default()
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Fresh databases for each phase, on the backend the user chose.
+struct BenchDatabases {
+    postgres: Option<String>,
+    dir: Option<tempfile::TempDir>,
+    schemas: tokio::sync::Mutex<Vec<String>>,
+}
+
+impl BenchDatabases {
+    async fn new(db: &str) -> anyhow::Result<Self> {
+        if db == "sqlite" {
+            Ok(BenchDatabases {
+                postgres: None,
+                dir: Some(tempfile::tempdir()?),
+                schemas: Default::default(),
+            })
+        } else if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+            Ok(BenchDatabases {
+                postgres: Some(db.to_string()),
+                dir: None,
+                schemas: Default::default(),
+            })
+        } else {
+            bail!("--db must be \"sqlite\" or a postgres:// URL")
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        if self.postgres.is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+
+    fn is_postgres(&self) -> bool {
+        self.postgres.is_some()
+    }
+
+    async fn fresh(&self, name: &str) -> anyhow::Result<String> {
+        match (&self.postgres, &self.dir) {
+            (Some(base), _) => {
+                let schema = format!("bench_{name}_{}", rand::rng().random::<u32>());
+                crate::store::postgres::create_schema(base, &schema).await?;
+                self.schemas.lock().await.push(schema.clone());
+                let separator = if base.contains('?') { '&' } else { '?' };
+                Ok(format!("{base}{separator}options[search_path]={schema}"))
+            }
+            (None, Some(dir)) => Ok(format!(
+                "sqlite://{}",
+                dir.path().join(format!("{name}.db")).display()
+            )),
+            (None, None) => unreachable!("one backend is chosen"),
+        }
+    }
+
+    async fn insert_rows(
+        &self,
+        url: &str,
+        rows: &[store::SpanRow],
+        operations: &[(String, String, i16, i64)],
+    ) -> anyhow::Result<()> {
+        const ROWS_PER_TRANSACTION: usize = 10_000;
+        if self.is_postgres() {
+            let store = store::postgres::PostgresStore::connect(url).await?;
+            for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
+                store.insert_rows(chunk, operations).await?;
+            }
+        } else {
+            let store = store::sqlite::SqliteStore::connect(url).await?;
+            for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
+                store.insert_rows(chunk, operations).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn copy_rows(&self, url: &str, rows: &[store::SpanRow]) -> anyhow::Result<()> {
+        let store = store::postgres::PostgresStore::connect(url).await?;
+        store.copy_rows(rows).await?;
+        Ok(())
+    }
+
+    async fn cleanup(&self) {
+        if let Some(base) = &self.postgres {
+            for schema in self.schemas.lock().await.iter() {
+                if let Err(error) = crate::store::postgres::drop_schema(base, schema).await {
+                    eprintln!("could not drop bench schema {schema}: {error}");
+                }
+            }
+        }
+    }
+}
+
+/// A `budgetscope serve` child process on free ports.
+struct ChildServer {
+    child: tokio::process::Child,
+    pid: u32,
+    grpc_addr: SocketAddr,
+    http_otlp_addr: SocketAddr,
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+impl ChildServer {
+    async fn start(db: &str, max_queued_spans: usize) -> anyhow::Result<ChildServer> {
+        let exe: PathBuf = std::env::current_exe().context("cannot find the budgetscope binary")?;
+        let (grpc_addr, http_otlp_addr, http_addr) = (free_port()?, free_port()?, free_port()?);
+        let mut child = tokio::process::Command::new(exe)
+            .arg("serve")
+            .args([
+                "--db",
+                db,
+                "--max-queued-spans",
+                &max_queued_spans.to_string(),
+            ])
+            .args(["--otlp-grpc-addr", &grpc_addr.to_string()])
+            .args(["--otlp-http-addr", &http_otlp_addr.to_string()])
+            .args(["--http-addr", &http_addr.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("could not start budgetscope serve")?;
+        let pid = child.id().context("server exited at once")?;
+        let ready = format!("http://{http_addr}/readyz");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(response) = reqwest::get(&ready).await
+                && response.status() == 200
+            {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("budgetscope serve exited with {status} before it was ready");
+            }
+            if Instant::now() > deadline {
+                bail!("budgetscope serve was not ready within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(ChildServer {
+            child,
+            pid,
+            grpc_addr,
+            http_otlp_addr,
+        })
+    }
+
+    fn proc_file(&self, name: &str) -> anyhow::Result<String> {
+        std::fs::read_to_string(format!("/proc/{}/{name}", self.pid))
+            .with_context(|| format!("cannot read /proc/{}/{name} (Linux only)", self.pid))
+    }
+
+    /// User + system CPU seconds (/proc/PID/stat fields 14 and 15, in USER_HZ = 100).
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = self.proc_file("stat")?;
+        let after_name = &stat[stat.rfind(')').context("malformed stat")? + 2..];
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        Ok(ticks as f64 / 100.0)
+    }
+
+    fn status_kib(&self, key: &str) -> anyhow::Result<u64> {
+        let status = self.proc_file("status")?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .with_context(|| format!("no {key}"))?;
+        Ok(line
+            .split_whitespace()
+            .nth(1)
+            .context("malformed status")?
+            .parse()?)
+    }
+
+    fn rss_bytes(&self) -> anyhow::Result<u64> {
+        Ok(self.status_kib("VmRSS:")? * 1024)
+    }
+
+    fn peak_rss_bytes(&self) -> anyhow::Result<u64> {
+        Ok(self.status_kib("VmHWM:")? * 1024)
+    }
+
+    /// SIGTERM, then wait for the clean shutdown (which commits everything queued).
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("could not signal the server");
+        }
+        let exit = tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??;
+        if !exit.success() {
+            bail!("server exited with {exit}");
+        }
+        Ok(())
+    }
+}
+
+/// Generates traces shaped like real request chains: an edge service calls 2–4 downstream
+/// services in a chain, each hop receiving its remaining budget and forwarding less.
+pub fn generate(total_spans: usize, batch: usize) -> Vec<ExportTraceServiceRequest> {
+    const SERVICES: [&str; 6] = [
+        "edge",
+        "checkout",
+        "inventory",
+        "pricing",
+        "billing",
+        "shipping",
+    ];
+    let mut rng = rand::rng();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut spans: Vec<(usize, Span)> = Vec::with_capacity(total_spans);
+    while spans.len() < total_spans {
+        let trace_id: [u8; 16] = rng.random();
+        let mut start = now - rng.random_range(0..60_000_000_000u64);
+        let mut budget: f64 = rng.random_range(300.0..2000.0);
+        let mut parent: Vec<u8> = Vec::new();
+        let hops = rng.random_range(3..=5);
+        for hop in 0..hops {
+            let service = if hop == 0 {
+                0
+            } else {
+                rng.random_range(1..SERVICES.len())
+            };
+            let duration = rng.random_range(2_000_000..80_000_000u64);
+            let server_id: [u8; 8] = rng.random();
+            let mut attributes = vec![
+                kv_str(
+                    "http.request.method",
+                    if rng.random_bool(0.7) { "GET" } else { "POST" },
+                ),
+                kv_str(
+                    "http.route",
+                    &format!("/api/v1/{}/{{id}}", SERVICES[service]),
+                ),
+                kv_int(
+                    "http.response.status_code",
+                    if rng.random_bool(0.97) { 200 } else { 504 },
+                ),
+                kv_str(
+                    "url.path",
+                    &format!("/api/v1/{}/{}", SERVICES[service], rng.random::<u32>()),
+                ),
+                kv_str("network.peer.address", "10.0.3.17"),
+            ];
+            attributes.push(kv_double("deadline.remaining_ms", budget));
+            spans.push((
+                service,
+                Span {
+                    trace_id: trace_id.to_vec(),
+                    span_id: server_id.to_vec(),
+                    parent_span_id: parent.clone(),
+                    name: format!(
+                        "{} /api/v1/{}/{{id}}",
+                        if hop == 0 { "GET" } else { "POST" },
+                        SERVICES[service]
+                    ),
+                    kind: 2,
+                    start_time_unix_nano: start,
+                    end_time_unix_nano: start + duration,
+                    attributes,
+                    status: Some(Status::default()),
+                    ..Default::default()
+                },
+            ));
+            if hop + 1 == hops {
+                break;
+            }
+            let spent = rng.random_range(1.0..20.0);
+            budget -= spent;
+            let client_id: [u8; 8] = rng.random();
+            let call_start = start + (spent * 1e6) as u64;
+            spans.push((
+                service,
+                Span {
+                    trace_id: trace_id.to_vec(),
+                    span_id: client_id.to_vec(),
+                    parent_span_id: server_id.to_vec(),
+                    name: "POST".to_string(),
+                    kind: 3,
+                    start_time_unix_nano: call_start,
+                    end_time_unix_nano: call_start + duration / 2,
+                    attributes: vec![
+                        kv_str("http.request.method", "POST"),
+                        kv_str("server.address", SERVICES[(service + 1) % SERVICES.len()]),
+                        kv_str(
+                            "http.request.header.x-request-budget-ms",
+                            &format!("{budget:.0}"),
+                        ),
+                    ],
+                    ..Default::default()
+                },
+            ));
+            parent = client_id.to_vec();
+            start = call_start + 500_000;
+            budget -= 0.5;
+        }
+    }
+    spans.truncate(total_spans);
+    spans
+        .chunks(batch)
+        .map(|chunk| {
+            let mut by_service: Vec<Vec<Span>> = vec![Vec::new(); SERVICES.len()];
+            for (service, span) in chunk {
+                by_service[*service].push(span.clone());
+            }
+            ExportTraceServiceRequest {
+                resource_spans: by_service
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, spans)| !spans.is_empty())
+                    .map(|(service, spans)| ResourceSpans {
+                        resource: Some(Resource {
+                            attributes: vec![
+                                kv_str("service.name", SERVICES[service]),
+                                kv_str("service.version", "1.4.2"),
+                                kv_str("host.name", &format!("{}-7d9f8c-xk2p", SERVICES[service])),
+                                kv_str("telemetry.sdk.language", "rust"),
+                            ],
+                            ..Default::default()
+                        }),
+                        scope_spans: vec![ScopeSpans {
+                            scope: Some(InstrumentationScope {
+                                name: "budgetscope-bench".into(),
+                                version: "1".into(),
+                                ..Default::default()
+                            }),
+                            spans,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.into(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    }
+}
+
+fn kv_str(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.into()))
+}
+
+fn kv_int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+fn kv_double(key: &str, value: f64) -> KeyValue {
+    kv(key, any_value::Value::DoubleValue(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_traces_are_valid_and_carry_budgets() {
+        let requests = generate(1_000, 100);
+        assert_eq!(requests.len(), 10);
+        let options = NormalizeOptions {
+            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let spans: Vec<_> = requests
+            .into_iter()
+            .flat_map(|r| normalize(r, &options, now).spans)
+            .collect();
+        assert_eq!(spans.len(), 1_000, "every generated span is valid");
+        assert!(
+            spans.iter().all(|s| s.budget.is_some()),
+            "every hop and call has a budget"
+        );
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.service == "edge" && s.parent_span_id.is_none())
+        );
+    }
+}
