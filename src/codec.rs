@@ -8,33 +8,143 @@
 //! keys the last one wins.
 
 use base64::Engine as _;
-use serde_json::{Map, Number, Value, json};
+use serde::ser::{Serialize, Serializer};
+use serde_json::{Map, Value};
 
 use crate::model::{AttrValue, Attributes, Event, Link, Scope, SpanId, TraceId};
 
-pub fn value_to_json(value: &AttrValue) -> Value {
-    match value {
-        AttrValue::Empty => Value::Null,
-        AttrValue::String(s) => Value::String(s.clone()),
-        AttrValue::Bool(b) => Value::Bool(*b),
-        AttrValue::Int(i) => Value::Number((*i).into()),
-        AttrValue::Double(d) => match Number::from_f64(*d) {
-            Some(n) => Value::Number(n),
-            None => Value::String(
-                if d.is_nan() {
-                    "NaN"
-                } else if *d > 0.0 {
-                    "Infinity"
-                } else {
-                    "-Infinity"
-                }
-                .into(),
-            ),
-        },
-        AttrValue::Bytes(b) => Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
-        AttrValue::Array(items) => Value::Array(items.iter().map(value_to_json).collect()),
-        AttrValue::Map(items) => attributes_to_json(items),
+/// Serialises an attribute value as natural JSON. The one definition of the mapping: the
+/// stores write it as text, the API builds values from it.
+pub struct ValueJson<'a>(pub &'a AttrValue);
+
+impl Serialize for ValueJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            AttrValue::Empty => serializer.serialize_unit(),
+            AttrValue::String(s) => serializer.serialize_str(s),
+            AttrValue::Bool(b) => serializer.serialize_bool(*b),
+            AttrValue::Int(i) => serializer.serialize_i64(*i),
+            AttrValue::Double(d) if d.is_finite() => serializer.serialize_f64(*d),
+            AttrValue::Double(d) => serializer.serialize_str(if d.is_nan() {
+                "NaN"
+            } else if *d > 0.0 {
+                "Infinity"
+            } else {
+                "-Infinity"
+            }),
+            AttrValue::Bytes(b) => {
+                serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+            }
+            AttrValue::Array(items) => serializer.collect_seq(items.iter().map(ValueJson)),
+            AttrValue::Map(items) => {
+                serializer.collect_map(items.iter().map(|(k, v)| (k, ValueJson(v))))
+            }
+        }
     }
+}
+
+/// Serialises attributes as one JSON object.
+pub struct AttributesJson<'a>(pub &'a Attributes);
+
+impl Serialize for AttributesJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, ValueJson(v))))
+    }
+}
+
+#[derive(serde::Serialize)]
+struct EventJson<'a> {
+    time_unix_nano: u64,
+    name: &'a str,
+    attributes: AttributesJson<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct LinkJson<'a> {
+    trace_id: String,
+    span_id: String,
+    attributes: AttributesJson<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct ScopeJson<'a> {
+    name: &'a str,
+    version: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct DetailsJson<'a> {
+    scope: ScopeJson<'a>,
+    events: Vec<EventJson<'a>>,
+    links: Vec<LinkJson<'a>>,
+    warnings: &'a [String],
+}
+
+fn events(events: &[Event]) -> Vec<EventJson<'_>> {
+    events
+        .iter()
+        .map(|e| EventJson {
+            time_unix_nano: e.time_unix_nano,
+            name: &e.name,
+            attributes: AttributesJson(&e.attributes),
+        })
+        .collect()
+}
+
+fn links(links: &[Link]) -> Vec<LinkJson<'_>> {
+    links
+        .iter()
+        .map(|l| LinkJson {
+            trace_id: l.trace_id.to_hex(),
+            span_id: l.span_id.to_hex(),
+            attributes: AttributesJson(&l.attributes),
+        })
+        .collect()
+}
+
+/// Serialising these types cannot fail: keys are strings and floats are finite.
+fn to_value(value: impl Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+pub fn value_to_json(value: &AttrValue) -> Value {
+    to_value(ValueJson(value))
+}
+
+pub fn attributes_to_json(attributes: &Attributes) -> Value {
+    to_value(AttributesJson(attributes))
+}
+
+/// The stored text form of `attributes_to_json`.
+pub fn attributes_to_string(attributes: &Attributes) -> String {
+    serde_json::to_string(&AttributesJson(attributes)).unwrap_or_default()
+}
+
+pub fn events_to_json(list: &[Event]) -> Value {
+    to_value(events(list))
+}
+
+pub fn links_to_json(list: &[Link]) -> Value {
+    to_value(links(list))
+}
+
+/// The parts of a span that no query looks into, as one JSON text.
+pub fn details_to_string(
+    scope: &Scope,
+    event_list: &[Event],
+    link_list: &[Link],
+    warnings: &[String],
+) -> String {
+    serde_json::to_string(&DetailsJson {
+        scope: ScopeJson {
+            name: &scope.name,
+            version: &scope.version,
+        },
+        events: events(event_list),
+        links: links(link_list),
+        warnings,
+    })
+    .unwrap_or_default()
 }
 
 pub fn value_from_json(value: &Value) -> AttrValue {
@@ -51,14 +161,6 @@ pub fn value_from_json(value: &Value) -> AttrValue {
     }
 }
 
-pub fn attributes_to_json(attributes: &Attributes) -> Value {
-    let map: Map<String, Value> = attributes
-        .iter()
-        .map(|(k, v)| (k.clone(), value_to_json(v)))
-        .collect();
-    Value::Object(map)
-}
-
 fn attributes_from_map(map: &Map<String, Value>) -> Attributes {
     map.iter()
         .map(|(k, v)| (k.clone(), value_from_json(v)))
@@ -73,52 +175,7 @@ pub fn attributes_from_json(value: &Value) -> Attributes {
     }
 }
 
-pub fn events_to_json(events: &[Event]) -> Value {
-    Value::Array(
-        events
-            .iter()
-            .map(|e| {
-                json!({
-                    "time_unix_nano": e.time_unix_nano,
-                    "name": e.name,
-                    "attributes": attributes_to_json(&e.attributes),
-                })
-            })
-            .collect(),
-    )
-}
-
-pub fn links_to_json(links: &[Link]) -> Value {
-    Value::Array(
-        links
-            .iter()
-            .map(|l| {
-                json!({
-                    "trace_id": l.trace_id.to_hex(),
-                    "span_id": l.span_id.to_hex(),
-                    "attributes": attributes_to_json(&l.attributes),
-                })
-            })
-            .collect(),
-    )
-}
-
-/// The parts of a span that no query looks into, as one JSON document.
-pub fn details_to_json(
-    scope: &Scope,
-    events: &[Event],
-    links: &[Link],
-    warnings: &[String],
-) -> Value {
-    json!({
-        "scope": {"name": scope.name, "version": scope.version},
-        "events": events_to_json(events),
-        "links": links_to_json(links),
-        "warnings": warnings,
-    })
-}
-
-/// The inverse of `details_to_json`; malformed parts are skipped, never fatal.
+/// The inverse of `details_to_string`; malformed parts are skipped, never fatal.
 pub fn details_from_json(value: &Value) -> (Scope, Vec<Event>, Vec<Link>, Vec<String>) {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     let scope = Scope {
@@ -163,6 +220,7 @@ pub fn details_from_json(value: &Value) -> (Scope, Vec<Event>, Vec<Link>, Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_value_type_round_trips_except_the_documented_losses() {
@@ -182,8 +240,11 @@ mod tests {
                 AttrValue::Map(vec![("k".into(), AttrValue::Bool(true))]),
             ),
         ];
-        let json = attributes_to_json(&attributes);
-        let text = serde_json::to_string(&json).unwrap();
+        let text = attributes_to_string(&attributes);
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            attributes_to_json(&attributes)
+        );
         let back = attributes_from_json(&serde_json::from_str(&text).unwrap());
         let mut expected = attributes.clone();
         expected.sort_by(|a, b| a.0.cmp(&b.0));
@@ -220,8 +281,11 @@ mod tests {
             attributes: vec![],
         }];
         let warnings = vec!["w".to_string()];
-        let json = details_to_json(&scope, &events, &links, &warnings);
-        assert_eq!(details_from_json(&json), (scope, events, links, warnings));
+        let text = details_to_string(&scope, &events, &links, &warnings);
+        assert_eq!(
+            details_from_json(&serde_json::from_str(&text).unwrap()),
+            (scope, events, links, warnings)
+        );
         // Malformed documents degrade to empty parts.
         let (scope, events, links, warnings) = details_from_json(&json!({"events": 3}));
         assert_eq!(

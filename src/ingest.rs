@@ -16,7 +16,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::model::Span;
-use crate::store::{Store, StoreError};
+use crate::store::{EncodedBatch, Store, StoreError};
 
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
@@ -39,9 +39,7 @@ pub enum IngestError {
 }
 
 struct Job {
-    spans: Vec<Span>,
-    /// `spans.len()` at submission; `spans` is emptied when the batch takes them.
-    len: usize,
+    batch: EncodedBatch,
     done: oneshot::Sender<Result<(), IngestError>>,
     _permit: OwnedSemaphorePermit,
 }
@@ -75,7 +73,8 @@ impl Ingestor {
         })
     }
 
-    /// Queues spans and waits until they are committed.
+    /// Queues spans and waits until they are committed. The spans are encoded here, in the
+    /// submitting request's task, so writers spend their time on inserts only.
     pub async fn submit(&self, spans: Vec<Span>) -> Result<(), IngestError> {
         if spans.is_empty() {
             return Ok(());
@@ -87,11 +86,12 @@ impl Ingestor {
             .clone()
             .try_acquire_many_owned(wanted)
             .map_err(|_| IngestError::Overloaded)?;
+        let batch = EncodedBatch::encode(&spans);
+        drop(spans);
         let (done, answer) = oneshot::channel();
         self.jobs
             .send(Job {
-                len: spans.len(),
-                spans,
+                batch,
                 done,
                 _permit: permit,
             })
@@ -120,12 +120,12 @@ async fn write_loop(
 ) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
     while let Ok(first) = queue.recv().await {
-        let mut queued = first.spans.len();
+        let mut queued = first.batch.len();
         let mut jobs = vec![first];
         while queued < max_batch_spans {
             match queue.try_recv() {
                 Ok(job) => {
-                    queued += job.spans.len();
+                    queued += job.batch.len();
                     jobs.push(job);
                 }
                 Err(_) => break,
@@ -138,18 +138,34 @@ async fn write_loop(
 /// Writes the jobs in one transaction. If that fails and there were several jobs, each is
 /// tried alone, so one job the database refuses cannot fail the others with it.
 async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
-    let spans: Vec<Span> = jobs
-        .iter_mut()
-        .flat_map(|job| std::mem::take(&mut job.spans))
-        .collect();
-    let result = store.write_spans(&spans).await;
+    let empty = || EncodedBatch {
+        rows: Vec::new(),
+        operations: Vec::new(),
+    };
+    let lens: Vec<usize> = jobs.iter().map(|job| job.batch.len()).collect();
+    let own_operations: Vec<_> = if jobs.len() > 1 {
+        jobs.iter()
+            .map(|job| job.batch.operations.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let merged = EncodedBatch::merge(
+        jobs.iter_mut()
+            .map(|job| std::mem::replace(&mut job.batch, empty()))
+            .collect(),
+    );
+    let result = store.write_batch(&merged).await;
     if let Err(error) = &result {
-        log_failure(error, spans.len());
+        log_failure(error, merged.len());
         if jobs.len() > 1 {
-            let mut spans = spans.into_iter();
-            for job in jobs {
-                let own: Vec<Span> = spans.by_ref().take(job.len).collect();
-                let result = store.write_spans(&own).await;
+            let mut rows = merged.rows.into_iter();
+            for ((job, len), operations) in jobs.into_iter().zip(lens).zip(own_operations) {
+                let own = EncodedBatch {
+                    rows: rows.by_ref().take(len).collect(),
+                    operations,
+                };
+                let result = store.write_batch(&own).await;
                 if let Err(error) = &result {
                     log_failure(error, own.len());
                 }

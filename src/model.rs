@@ -5,6 +5,7 @@
 //! (`store::codec`, `web::api`).
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A 16-byte trace id that is not all zeros.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -220,7 +221,8 @@ pub struct Span {
     pub end_unix_nano: u64,
     pub status: Status,
     pub attributes: Attributes,
-    pub resource: Attributes,
+    /// Shared by every span of one OTLP `ResourceSpans`.
+    pub resource: Arc<Attributes>,
     pub scope: Scope,
     pub events: Vec<Event>,
     pub links: Vec<Link>,
@@ -274,7 +276,7 @@ mod tests {
                 message: String::new(),
             },
             attributes: vec![],
-            resource: vec![],
+            resource: Arc::default(),
             scope: Scope::default(),
             events: vec![],
             links: vec![],

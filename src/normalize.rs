@@ -5,6 +5,8 @@
 //! costs the valid spans of the same request their place. No clock is read here; the
 //! caller passes "now" for the future-timestamp check.
 
+use std::sync::Arc;
+
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1 as otlp;
@@ -85,10 +87,12 @@ pub fn normalize(
 ) -> Normalized {
     let mut out = Normalized::default();
     for resource_spans in request.resource_spans {
-        let resource = resource_spans
-            .resource
-            .map(|r| convert_attributes(r.attributes))
-            .unwrap_or_default();
+        let resource: Arc<Attributes> = Arc::new(
+            resource_spans
+                .resource
+                .map(|r| convert_attributes(r.attributes))
+                .unwrap_or_default(),
+        );
         let service = match crate::model::attr(&resource, "service.name") {
             Some(AttrValue::String(name)) if !name.is_empty() => name.replace('\0', "\u{FFFD}"),
             _ => UNKNOWN_SERVICE.to_string(),
@@ -121,7 +125,7 @@ fn describe_span(service: &str, span: &otlp::Span) -> String {
 fn convert_span(
     span: otlp::Span,
     service: &str,
-    resource: &Attributes,
+    resource: &Arc<Attributes>,
     scope: &Scope,
     options: &NormalizeOptions,
     now_unix_nano: u64,

@@ -26,7 +26,10 @@ fn span(trace: u8, id: u8, parent: Option<u8>, service: &str, name: &str, start:
             message: String::new(),
         },
         attributes: vec![],
-        resource: vec![("service.name".into(), AttrValue::String(service.into()))],
+        resource: std::sync::Arc::new(vec![(
+            "service.name".into(),
+            AttrValue::String(service.into()),
+        )]),
         scope: Scope::default(),
         events: vec![],
         links: vec![],

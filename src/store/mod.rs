@@ -55,9 +55,14 @@ pub trait Store: Send + Sync + 'static {
     /// Succeeds when the database answers a trivial query.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Stores spans in one transaction: all of them or none. Spans already stored are kept
+    /// Stores a batch in one transaction: all of it or none. Spans already stored are kept
     /// as they are.
-    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError>;
+    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError>;
+
+    /// Encodes and stores spans in one transaction.
+    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError> {
+        self.write_batch(&EncodedBatch::encode(spans)).await
+    }
 
     /// All spans of a trace, ordered by start time; empty when unknown.
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError>;
@@ -86,34 +91,87 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 }
 
 /// A span encoded into column values, shared by both backends' inserts.
-pub(crate) struct SpanRow {
-    pub trace_id: Vec<u8>,
-    pub span_id: Vec<u8>,
-    pub parent_span_id: Option<Vec<u8>>,
-    pub service: String,
-    pub name: String,
-    pub kind: i16,
-    pub start_unix_nano: i64,
-    pub end_unix_nano: i64,
-    pub status_code: i16,
-    pub status_message: String,
-    pub budget_ms: Option<f64>,
-    pub budget_source: Option<String>,
-    pub attributes: String,
-    pub resource: String,
-    pub details: String,
+pub struct SpanRow {
+    pub(crate) trace_id: Vec<u8>,
+    pub(crate) span_id: Vec<u8>,
+    pub(crate) parent_span_id: Option<Vec<u8>>,
+    pub(crate) service: String,
+    pub(crate) name: String,
+    pub(crate) kind: i16,
+    pub(crate) start_unix_nano: i64,
+    pub(crate) end_unix_nano: i64,
+    pub(crate) status_code: i16,
+    pub(crate) status_message: String,
+    pub(crate) budget_ms: Option<f64>,
+    pub(crate) budget_source: Option<String>,
+    pub(crate) attributes: String,
+    pub(crate) resource: String,
+    pub(crate) details: String,
 }
 
-/// Encodes spans for insertion. Consecutive spans usually share one resource, so its JSON
-/// is serialised once per run of equal resources.
+/// A (service, name, kind) and the latest start seen for it in a batch.
+pub(crate) type OperationRow = (String, String, i16, i64);
+
+/// Spans encoded for insertion, with the operations they touch. Encoding is CPU work done
+/// by the request that brought the spans, so the writer only runs the insert.
+pub struct EncodedBatch {
+    pub(crate) rows: Vec<SpanRow>,
+    pub(crate) operations: Vec<OperationRow>,
+}
+
+impl EncodedBatch {
+    pub fn encode(spans: &[Span]) -> EncodedBatch {
+        EncodedBatch {
+            rows: encode_rows(spans),
+            operations: batch_operations(spans),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// One batch of all the rows; operations deduplicated (a Postgres upsert may not touch
+    /// a row twice) and sorted (concurrent upserts lock rows in one order).
+    pub fn merge(batches: Vec<EncodedBatch>) -> EncodedBatch {
+        let mut merged = EncodedBatch {
+            rows: Vec::new(),
+            operations: Vec::new(),
+        };
+        for batch in batches {
+            merged.rows.extend(batch.rows);
+            merged.operations.extend(batch.operations);
+        }
+        merged.operations.sort();
+        merged.operations.dedup_by(|later, earlier| {
+            let same = (&later.0, &later.1, later.2) == (&earlier.0, &earlier.1, earlier.2);
+            if same {
+                earlier.3 = earlier.3.max(later.3);
+            }
+            same
+        });
+        merged
+    }
+}
+
+/// Encodes spans for insertion. The spans of one OTLP `ResourceSpans` share one resource,
+/// so its JSON is written once per run of spans sharing it.
 pub(crate) fn encode_rows(spans: &[Span]) -> Vec<SpanRow> {
     let mut rows = Vec::with_capacity(spans.len());
-    let mut last_resource: Option<(&crate::model::Attributes, String)> = None;
+    let mut last_resource: Option<(&Arc<crate::model::Attributes>, String)> = None;
     for span in spans {
         let resource = match &last_resource {
-            Some((attrs, json)) if *attrs == &span.resource => json.clone(),
+            Some((shared, json))
+                if Arc::ptr_eq(shared, &span.resource) || **shared == span.resource =>
+            {
+                json.clone()
+            }
             _ => {
-                let json = codec::attributes_to_json(&span.resource).to_string();
+                let json = codec::attributes_to_string(&span.resource);
                 last_resource = Some((&span.resource, json.clone()));
                 json
             }
@@ -132,17 +190,21 @@ pub(crate) fn encode_rows(spans: &[Span]) -> Vec<SpanRow> {
             status_message: span.status.message.clone(),
             budget_ms: span.budget.as_ref().map(|b| b.ms),
             budget_source: span.budget.as_ref().map(|b| b.source.clone()),
-            attributes: codec::attributes_to_json(&span.attributes).to_string(),
+            attributes: codec::attributes_to_string(&span.attributes),
             resource,
-            details: codec::details_to_json(&span.scope, &span.events, &span.links, &span.warnings)
-                .to_string(),
+            details: codec::details_to_string(
+                &span.scope,
+                &span.events,
+                &span.links,
+                &span.warnings,
+            ),
         });
     }
     rows
 }
 
 /// The distinct (service, name, kind, latest start) of a batch, for the operations table.
-pub(crate) fn batch_operations(spans: &[Span]) -> Vec<(String, String, i16, i64)> {
+pub(crate) fn batch_operations(spans: &[Span]) -> Vec<OperationRow> {
     let mut seen: std::collections::HashMap<(&str, &str, i16), i64> = Default::default();
     for span in spans {
         let start = i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX);
@@ -155,7 +217,6 @@ pub(crate) fn batch_operations(spans: &[Span]) -> Vec<(String, String, i16, i64)
         .into_iter()
         .map(|((service, name, kind), last)| (service.to_string(), name.to_string(), kind, last))
         .collect();
-    // A stable order keeps concurrent Postgres upserts from deadlocking on each other.
     operations.sort();
     operations
 }
@@ -213,7 +274,10 @@ impl StoredRow {
                 message: self.status_message,
             },
             attributes: codec::attributes_from_json(&json(&self.attributes, "attributes")?),
-            resource: codec::attributes_from_json(&json(&self.resource, "resource")?),
+            resource: Arc::new(codec::attributes_from_json(&json(
+                &self.resource,
+                "resource",
+            )?)),
             scope,
             events,
             links,

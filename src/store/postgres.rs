@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::{
-    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations,
-    decode_operations, decode_rows, encode_rows,
+    EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
+    decode_operations, decode_rows,
 };
 use crate::model::{Span, TraceId};
 
@@ -50,7 +50,7 @@ impl PostgresStore {
     pub(crate) async fn insert_rows(
         &self,
         rows: &[SpanRow],
-        operations: &[(String, String, i16, i64)],
+        operations: &[OperationRow],
     ) -> Result<(), StoreError> {
         fn column<T: Clone>(rows: &[SpanRow], f: impl Fn(&SpanRow) -> T) -> Vec<T> {
             rows.iter().map(f).collect()
@@ -189,12 +189,11 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError> {
-        if spans.is_empty() {
+    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&encode_rows(spans), &batch_operations(spans))
-            .await
+        self.insert_rows(&batch.rows, &batch.operations).await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {

@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::{
-    Operation, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow, batch_operations,
-    decode_operations, decode_rows, encode_rows,
+    EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
+    decode_operations, decode_rows,
 };
 use crate::model::{Span, TraceId};
 
@@ -72,7 +72,7 @@ impl SqliteStore {
     pub(crate) async fn insert_rows(
         &self,
         rows: &[SpanRow],
-        operations: &[(String, String, i16, i64)],
+        operations: &[OperationRow],
     ) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
@@ -130,12 +130,11 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn write_spans(&self, spans: &[Span]) -> Result<(), StoreError> {
-        if spans.is_empty() {
+    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&encode_rows(spans), &batch_operations(spans))
-            .await
+        self.insert_rows(&batch.rows, &batch.operations).await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
