@@ -530,7 +530,10 @@ impl ChildServer {
             .args(["--otlp-grpc-addr", &grpc_addr.to_string()])
             .args(["--otlp-http-addr", &http_otlp_addr.to_string()])
             .args(["--http-addr", &http_addr.to_string()])
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("BUDGETSCOPE_BENCH_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true)

@@ -38,6 +38,9 @@ pub enum IngestError {
     Closed,
 }
 
+/// Room in the queue, held from admission until the batch is committed.
+pub struct Admission(OwnedSemaphorePermit);
+
 struct Job {
     batch: EncodedBatch,
     done: oneshot::Sender<Result<(), IngestError>>,
@@ -73,32 +76,44 @@ impl Ingestor {
         })
     }
 
-    /// Queues spans and waits until they are committed. The spans are encoded here, in the
-    /// submitting request's task, so writers spend their time on inserts only.
-    pub async fn submit(&self, spans: Vec<Span>) -> Result<(), IngestError> {
-        if spans.is_empty() {
-            return Ok(());
-        }
-        // A request larger than the whole queue may still pass, alone.
-        let wanted = spans.len().min(self.max_queued_spans) as u32;
+    /// Reserves queue room for `spans` spans, or refuses at once with `Overloaded`. A
+    /// request larger than the whole queue may still pass, alone.
+    pub fn admit(&self, spans: usize) -> Result<Admission, IngestError> {
+        let wanted = spans.clamp(1, self.max_queued_spans) as u32;
         let permit = self
             .admission
             .clone()
             .try_acquire_many_owned(wanted)
             .map_err(|_| IngestError::Overloaded)?;
-        let batch = EncodedBatch::encode(&spans);
-        drop(spans);
+        Ok(Admission(permit))
+    }
+
+    /// Queues an admitted batch and waits until it is committed.
+    pub async fn commit(
+        &self,
+        admission: Admission,
+        batch: EncodedBatch,
+    ) -> Result<(), IngestError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let (done, answer) = oneshot::channel();
         self.jobs
             .send(Job {
                 batch,
                 done,
-                _permit: permit,
+                _permit: admission.0,
             })
             .await
             .map_err(|_| IngestError::Closed)?;
         // A writer always answers; a dropped sender means the writer task died.
         answer.await.unwrap_or(Err(IngestError::Unavailable))
+    }
+
+    /// Admits, encodes and commits spans (for callers that have their spans at hand).
+    pub async fn submit(&self, spans: Vec<Span>) -> Result<(), IngestError> {
+        let admission = self.admit(spans.len())?;
+        self.commit(admission, EncodedBatch::encode(&spans)).await
     }
 
     /// Stops accepting, commits everything already queued, and waits for the writers.
@@ -155,7 +170,14 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
             .map(|job| std::mem::replace(&mut job.batch, empty()))
             .collect(),
     );
+    let started = std::time::Instant::now();
     let result = store.write_batch(&merged).await;
+    tracing::debug!(
+        spans = merged.len(),
+        jobs = jobs.len(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "batch written"
+    );
     if let Err(error) = &result {
         log_failure(error, merged.len());
         if jobs.len() > 1 {

@@ -11,7 +11,7 @@ use std::io::Read as _;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -155,7 +155,7 @@ async fn export_inner(
     let format = content_format(headers)?;
     let gzip = content_encoding_is_gzip(headers, format)?;
     let limit = state.max_request_bytes;
-    let too_large = |what: &str| {
+    let too_large = move |what: &str| {
         OtlpHttpError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             RESOURCE_EXHAUSTED,
@@ -180,27 +180,39 @@ async fn export_inner(
             ));
         }
     };
-    let body = if gzip {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&raw[..])
-            .take(limit as u64 + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| {
-                OtlpHttpError::new(
-                    StatusCode::BAD_REQUEST,
-                    INVALID_ARGUMENT,
-                    format,
-                    format!("Content-Encoding is gzip but the body does not gunzip: {e}"),
-                )
-            })?;
-        if out.len() > limit {
-            return Err(too_large(" after gzip decompression"));
-        }
-        out.into()
-    } else {
-        raw
-    };
-    let (request, lossy) = decode(&body, format)?;
+    // Decompressing and decoding are CPU work: keep them off the async workers.
+    let (request, lossy) = tokio::task::spawn_blocking(move || {
+        let body: Bytes = if gzip {
+            let mut out = Vec::new();
+            flate2::read::MultiGzDecoder::new(&raw[..])
+                .take(limit as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(|e| {
+                    OtlpHttpError::new(
+                        StatusCode::BAD_REQUEST,
+                        INVALID_ARGUMENT,
+                        format,
+                        format!("Content-Encoding is gzip but the body does not gunzip: {e}"),
+                    )
+                })?;
+            if out.len() > limit {
+                return Err(too_large(" after gzip decompression"));
+            }
+            out.into()
+        } else {
+            raw
+        };
+        decode(&body, format)
+    })
+    .await
+    .map_err(|_| {
+        OtlpHttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            UNAVAILABLE,
+            format,
+            "decoding was interrupted; retry",
+        )
+    })??;
     let accepted = state
         .receiver
         .export(request, lossy.then_some(LOSSY_UTF8_WARNING))

@@ -18,6 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 
 use crate::ingest::{IngestError, Ingestor};
 use crate::normalize::{NormalizeOptions, normalize};
+use crate::store::EncodedBatch;
 
 /// How long exporters are asked to wait before retrying a refused request.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -54,27 +55,50 @@ impl Receiver {
 
     /// Normalises, validates and commits one export request. `warning`, when given, is a
     /// data-quality warning the transport found for the whole request (it goes on every span).
+    ///
+    /// Admission is checked before any work; normalising and encoding run on the blocking
+    /// pool, so the async workers stay free to drive the database writers.
     pub async fn export(
         &self,
         request: ExportTraceServiceRequest,
-        warning: Option<&str>,
+        warning: Option<&'static str>,
     ) -> Result<Accepted, IngestError> {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut normalized = normalize(request, &self.options, now);
-        if let Some(warning) = warning {
-            for span in &mut normalized.spans {
-                span.warnings.push(warning.to_string());
-            }
+        let span_count: usize = request
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        if span_count == 0 {
+            return Ok(Accepted {
+                stored: 0,
+                rejected: 0,
+                error_message: String::new(),
+            });
         }
-        let accepted = Accepted {
-            stored: normalized.spans.len(),
-            rejected: normalized.rejected,
-            error_message: normalized.error_message(),
-        };
-        self.ingestor.submit(normalized.spans).await?;
+        let admission = self.ingestor.admit(span_count)?;
+        let options = self.options.clone();
+        let (batch, accepted) = tokio::task::spawn_blocking(move || {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
+            let mut normalized = normalize(request, &options, now);
+            if let Some(warning) = warning {
+                for span in &mut normalized.spans {
+                    span.warnings.push(warning.to_string());
+                }
+            }
+            let accepted = Accepted {
+                stored: normalized.spans.len(),
+                rejected: normalized.rejected,
+                error_message: normalized.error_message(),
+            };
+            (EncodedBatch::encode(&normalized.spans), accepted)
+        })
+        .await
+        .map_err(|_| IngestError::Unavailable)?;
+        self.ingestor.commit(admission, batch).await?;
         Ok(accepted)
     }
 }

@@ -23,9 +23,27 @@ use crate::model::{Span, TraceId};
 /// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
 const ROWS_PER_STATEMENT: usize = 1000;
 
+/// Splits `len` rows into statement sizes from a fixed set (1000, then powers of two), so
+/// that every INSERT text repeats and stays in the prepared-statement cache: preparing a
+/// statement with thousands of parameters costs more than running it.
+fn statement_sizes(len: usize) -> impl Iterator<Item = usize> {
+    let full = std::iter::repeat_n(ROWS_PER_STATEMENT, len / ROWS_PER_STATEMENT);
+    let rest = len % ROWS_PER_STATEMENT;
+    let powers = (0..usize::BITS)
+        .rev()
+        .map(|bit| 1usize << bit)
+        .filter(move |size| rest & size != 0);
+    full.chain(powers)
+}
+
+/// How often the background checkpointer copies the WAL into the database file.
+const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
+
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    /// Stops the background checkpointer when the store is dropped.
+    _checkpointer: Option<tokio_util::sync::DropGuard>,
 }
 
 impl SqliteStore {
@@ -37,9 +55,17 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
-            .pragma("cache_size", "-65536")
+            // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at
+            // every commit, so 64 MiB cost more per commit than it saved in reads.
+            .pragma("cache_size", "-8192")
             .pragma("temp_store", "memory");
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        // Checkpoints run on their own connection (below), not in the writer's commits.
+        let writer_options = if in_memory {
+            options.clone()
+        } else {
+            options.clone().pragma("wal_autocheckpoint", "0")
+        };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(if in_memory { 1 } else { 0 })
@@ -53,7 +79,7 @@ impl SqliteStore {
             } else {
                 Some(Duration::from_secs(3600))
             })
-            .connect_with(options.clone())
+            .connect_with(writer_options)
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
         // An in-memory database exists once per connection: readers must share the writer's.
@@ -62,10 +88,19 @@ impl SqliteStore {
         } else {
             SqlitePoolOptions::new()
                 .max_connections(4)
-                .connect_with(options.read_only(true))
+                .connect_with(options.clone().read_only(true))
                 .await?
         };
-        Ok(SqliteStore { writer, reader })
+        let checkpointer = if in_memory {
+            None
+        } else {
+            Some(start_checkpointer(options).await?)
+        };
+        Ok(SqliteStore {
+            writer,
+            reader,
+            _checkpointer: checkpointer,
+        })
     }
 
     /// Inserts already-encoded rows in one transaction (also the benchmark's raw ceiling).
@@ -75,7 +110,10 @@ impl SqliteStore {
         operations: &[OperationRow],
     ) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
-        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut remaining = rows;
+        for size in statement_sizes(rows.len()) {
+            let (chunk, rest) = remaining.split_at(size);
+            remaining = rest;
             let mut insert: QueryBuilder<Sqlite> =
                 QueryBuilder::new(format!("INSERT INTO spans ({SPAN_COLUMNS}) "));
             insert.push_values(chunk, |mut b, row| {
@@ -96,9 +134,12 @@ impl SqliteStore {
                     .push_bind(row.details.as_str());
             });
             insert.push(" ON CONFLICT (trace_id, span_id) DO NOTHING");
-            insert.build().execute(&mut *tx).await?;
+            insert.build().persistent(true).execute(&mut *tx).await?;
         }
-        for chunk in operations.chunks(ROWS_PER_STATEMENT) {
+        let mut remaining = operations;
+        for size in statement_sizes(operations.len()) {
+            let (chunk, rest) = remaining.split_at(size);
+            remaining = rest;
             let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(
                 "INSERT INTO operations (service, name, kind, last_seen_unix_nano) ",
             );
@@ -112,11 +153,43 @@ impl SqliteStore {
                 " ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
                  max(last_seen_unix_nano, excluded.last_seen_unix_nano)",
             );
-            upsert.build().execute(&mut *tx).await?;
+            upsert.build().persistent(true).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
+/// PASSIVE checkpoint, which never blocks the writer or readers. The writer's own
+/// auto-checkpoint is off, so commits never pay for this work.
+async fn start_checkpointer(
+    options: SqliteConnectOptions,
+) -> Result<tokio_util::sync::DropGuard, StoreError> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped.cancelled() => break,
+                _ = tokio::time::sleep(CHECKPOINT_PERIOD) => {}
+            }
+            if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&mut conn)
+                .await
+            {
+                tracing::warn!(%error, "sqlite checkpoint failed; will try again");
+            }
+        }
+        // A last full pass so the WAL does not outlive a clean shutdown.
+        let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await;
+        let _ = conn.close().await;
+    });
+    Ok(stop.drop_guard())
 }
 
 #[async_trait]
@@ -190,5 +263,26 @@ impl Store for SqliteStore {
             .fetch_one(&self.reader)
             .await?;
         Ok(count as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::statement_sizes;
+
+    #[test]
+    fn statement_sizes_cover_every_row_from_a_fixed_set() {
+        for len in [0, 1, 7, 999, 1000, 1001, 2536, 20_000] {
+            let sizes: Vec<usize> = statement_sizes(len).collect();
+            assert_eq!(sizes.iter().sum::<usize>(), len, "{len}");
+            assert!(
+                sizes.iter().all(|s| *s == 1000 || s.is_power_of_two()),
+                "{len}: {sizes:?}"
+            );
+        }
+        assert_eq!(
+            statement_sizes(2536).collect::<Vec<_>>(),
+            [1000, 1000, 512, 16, 8]
+        );
     }
 }
