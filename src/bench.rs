@@ -272,7 +272,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             .await?;
         let insert_rate = rows.len() as f64 / started.elapsed().as_secs_f64();
         println!(
-            "| raw ceiling: same rows, multi-row INSERT, 10k rows/transaction | {insert_rate:.0} spans/s |"
+            "| raw ceiling: same rows, store INSERT, 10k rows/transaction | {insert_rate:.0} spans/s |"
         );
         println!(
             "| end to end / raw INSERT ceiling | {:.2} |",

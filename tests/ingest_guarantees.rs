@@ -246,3 +246,103 @@ async fn shutdown_commits_every_acknowledged_span() {
         assert!(reopened.span_count().await.unwrap() >= acknowledged.len() as u64 * 20);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_removes_spans_older_than_the_setting() {
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--retention", "1m"]).await;
+    let mut old = request(60, 2);
+    let hour_ago = now_nanos() - 3_600 * 1_000_000_000;
+    for span in &mut old.resource_spans[0].scope_spans[0].spans {
+        span.start_time_unix_nano = hour_ago;
+        span.end_time_unix_nano = hour_ago + 1_000;
+    }
+    let client = reqwest::Client::new();
+    assert_eq!(
+        post(&client, server.otlp_http_addr, old.encode_to_vec())
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        post(
+            &client,
+            server.otlp_http_addr,
+            request(61, 2).encode_to_vec()
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(
+        get_json(&server, &trace_path(60)).await.0,
+        200,
+        "accepted first"
+    );
+    // Retention passes run every retention/10 (6 s here); wait for one, at most 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while get_json(&server, &trace_path(60)).await.0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention did not run"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        get_json(&server, &trace_path(61)).await.0,
+        200,
+        "recent spans stay"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_allows_only_configured_origins() {
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--cors-origins", "https://app.example"]).await;
+    let client = reqwest::Client::new();
+    let preflight = |origin: &'static str| {
+        client
+            .request(
+                reqwest::Method::OPTIONS,
+                format!("http://{}/v1/traces", server.otlp_http_addr),
+            )
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header("access-control-request-headers", "content-type")
+            .send()
+    };
+    let allowed = preflight("https://app.example").await.unwrap();
+    assert_eq!(
+        allowed.headers()["access-control-allow-origin"],
+        "https://app.example"
+    );
+    let denied = preflight("https://evil.example").await.unwrap();
+    assert!(
+        denied
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+
+    // Without the setting, no CORS headers at all.
+    let plain = start(&TestDb::sqlite(), &[]).await;
+    let response = client
+        .request(
+            reqwest::Method::OPTIONS,
+            format!("http://{}/v1/traces", plain.otlp_http_addr),
+        )
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        response
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+    plain.shutdown().await;
+    server.shutdown().await;
+}
