@@ -3,6 +3,7 @@
 //! Data flows one way: `receive` (OTLP decode) → `normalize` (our own `model::Span`) →
 //! `ingest` (queue, group commit) → `store` (SQLite or Postgres) → `web` (JSON API).
 //! ARCHITECTURE.md has the code map and each module's invariant.
+pub mod analyze;
 pub mod bench;
 pub mod budget;
 pub mod codec;
