@@ -31,6 +31,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the OTLP receivers, the UI and the JSON API.
     Serve(ServeArgs),
+    /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
+    Analyze(crate::offline::AnalyzeArgs),
     /// Measure budgetscope (method and figures: BENCHMARKS.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),

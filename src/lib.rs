@@ -11,6 +11,7 @@ pub mod config;
 pub mod ingest;
 pub mod model;
 pub mod normalize;
+pub mod offline;
 pub mod receive;
 pub mod server;
 pub mod store;

@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Bench(command) => budgetscope::bench::run(command).await,
+            Command::Analyze(args) => budgetscope::offline::run(args),
         }
     });
     match result {

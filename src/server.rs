@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::ingest::{IngestOptions, Ingestor};
 use crate::normalize::NormalizeOptions;
@@ -107,6 +108,9 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         http_listener,
         web::app(AppState {
             store: store.clone(),
+            analyze: AnalyzeOptions {
+                tolerance_ms: config.tolerance_ms,
+            },
         }),
         stop_accepting.clone(),
         "ui and api",

@@ -201,3 +201,74 @@ fn bench_overload_is_refused_and_retried_without_loss() {
         "{stdout}"
     );
 }
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/inflated_checkout.otlp.json"
+);
+
+#[test]
+fn analyze_prints_the_waterfall_with_flags_and_messages() {
+    let (ok, stdout, stderr) = run(&["analyze", FIXTURE]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.starts_with("trace 5b8efff798038103d269b633813fc60c\nexceeded · budget 800 ms"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  ! inflated: forwarded 5000 ms with 780 ms left"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("! overspent: answered 740 ms after its deadline"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("1 trace, 3 spans"), "{stderr}");
+}
+
+#[test]
+fn analyze_json_has_the_api_shape_and_reads_json_lines() {
+    // Two requests, one per line, as the Collector's file exporter writes them.
+    let request: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let mut first = request.clone();
+    let mut second = request;
+    first["resourceSpans"].as_array_mut().unwrap().truncate(1);
+    second["resourceSpans"].as_array_mut().unwrap().remove(0);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spans.jsonl");
+    std::fs::write(&path, format!("{first}\n{second}\n")).unwrap();
+    let (ok, stdout, stderr) = run(&["analyze", "--json", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let trace: serde_json::Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    assert_eq!(trace["trace_id"], "5b8efff798038103d269b633813fc60c");
+    assert_eq!(trace["spans"].as_array().unwrap().len(), 3);
+    let analysis = &trace["analysis"];
+    assert_eq!(analysis["outcome"], "exceeded");
+    assert_eq!(analysis["budget_ms"], 800.0);
+    assert_eq!(analysis["burner"]["service"], "inventory");
+    assert_eq!(
+        analysis["flag_counts"],
+        serde_json::json!({"inflated": 1, "overspent": 1})
+    );
+    assert_eq!(
+        analysis["rows"][1]["flags"][0]["message"],
+        "forwarded 5000 ms with 780 ms left"
+    );
+}
+
+#[test]
+fn analyze_explains_unreadable_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.json");
+    std::fs::write(&path, "{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"kind\": \"SPAN_KIND_SERVER\"}]}]}]}\n").unwrap();
+    let (ok, _, stderr) = run(&["analyze", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("is not OTLP/JSON trace data"), "{stderr}");
+    assert!(stderr.contains("line 1"), "{stderr}");
+    let (ok, _, stderr) = run(&["analyze", "/nonexistent/file.json"]);
+    assert!(
+        !ok && stderr.contains("could not read /nonexistent/file.json"),
+        "{stderr}"
+    );
+}

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
+use crate::analyze::{Analysis, AnalyzeOptions, analyze};
 use crate::codec;
 use crate::model::{Span, TraceId};
 
@@ -70,10 +71,76 @@ pub async fn trace(
             ),
         ));
     }
-    Ok(Json(json!({
+    let options = state.analyze.clone();
+    // Large traces take real CPU: keep it off the async workers.
+    let body = tokio::task::spawn_blocking(move || trace_json(id, &spans, &options))
+        .await
+        .map_err(|_| ApiError::internal("the analysis of this trace was interrupted; retry"))?;
+    Ok(Json(body))
+}
+
+/// A trace with its analysis, as `GET /api/traces/{id}` and `budgetscope analyze --json` give it.
+pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> Value {
+    let analysis = analyze(spans, options);
+    json!({
         "trace_id": id.to_hex(),
         "spans": spans.iter().map(span_json).collect::<Vec<_>>(),
-    })))
+        "analysis": analysis_json(spans, &analysis),
+    })
+}
+
+/// The API form of an analysis (README.md, "JSON API").
+pub fn analysis_json(spans: &[Span], analysis: &Analysis) -> Value {
+    let burner = analysis.burner.map(|r| {
+        let row = &analysis.rows[r];
+        let span = &spans[row.span];
+        json!({"span_id": span.span_id.to_hex(), "service": span.service, "name": span.name, "self_ms": row.self_ms})
+    });
+    let flag_counts: serde_json::Map<String, Value> = analysis
+        .flag_counts
+        .iter()
+        .map(|(flag, n)| (flag.as_str().to_string(), json!(n)))
+        .collect();
+    let rows: Vec<Value> = analysis
+        .rows
+        .iter()
+        .map(|row| {
+            let span = &spans[row.span];
+            json!({
+                "span_id": span.span_id.to_hex(),
+                "parent_span_id": span.parent_span_id.map(|p| p.to_hex()),
+                "depth": row.depth,
+                "service": span.service,
+                "name": span.name,
+                "kind": span.kind.as_str(),
+                "role": row.role.as_str(),
+                "start_offset_ms": row.start_offset_ms,
+                "duration_ms": row.duration_ms,
+                "budget_ms": row.budget_ms,
+                "budget_source": span.budget.as_ref().map(|b| b.source.as_str()),
+                "available_ms": row.available_ms,
+                "deadline_offset_ms": row.deadline_offset_ms,
+                "self_ms": row.self_ms,
+                "burn": row.burn,
+                "exceed": row.exceed.map(|e| e.as_str()),
+                "attempt": row.attempt,
+                "wasted_ms": row.wasted_ms,
+                "skew_shift_ms": row.skew_shift_ms,
+                "flags": row.flags.iter().map(|f| json!({"flag": f.flag.as_str(), "message": f.message})).collect::<Vec<_>>(),
+                "warnings": row.warnings,
+            })
+        })
+        .collect();
+    json!({
+        "outcome": analysis.outcome.as_str(),
+        "budget_ms": analysis.budget_ms,
+        "duration_ms": analysis.duration_ms,
+        "tolerance_ms": analysis.tolerance_ms,
+        "burner": burner,
+        "flag_counts": flag_counts,
+        "calls_reaching": analysis.calls_reaching,
+        "rows": rows,
+    })
 }
 
 /// The API form of a span (README.md, "API").

@@ -12,12 +12,14 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::get;
 
+use crate::analyze::AnalyzeOptions;
 use crate::store::Store;
 
 /// What every handler may use.
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
+    pub analyze: AnalyzeOptions,
 }
 
 pub fn app(state: AppState) -> Router {
