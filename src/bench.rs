@@ -36,6 +36,18 @@ use crate::store::{self, encode_rows};
 pub enum BenchCommand {
     /// Ingest throughput, latency, server CPU and memory, against the raw insert ceiling.
     Ingest(IngestBench),
+    /// Analysis time for one trace of each size, against indexing and sorting its spans.
+    Analyze(AnalyzeBench),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AnalyzeBench {
+    /// Trace sizes in spans (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1_000, 10_000, 100_000])]
+    pub spans: Vec<usize>,
+    /// Timed runs per size (the median is reported).
+    #[arg(long, default_value = "15")]
+    pub repeats: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -79,6 +91,10 @@ pub struct IngestBench {
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(bench) => ingest(bench).await,
+        BenchCommand::Analyze(bench) => {
+            tokio::task::spawn_blocking(move || analyze_bench(&bench)).await?;
+            Ok(())
+        }
     }
 }
 
@@ -808,4 +824,178 @@ mod tests {
                 .any(|s| s.service == "edge" && s.parent_span_id.is_none())
         );
     }
+}
+
+/// Times `analyze` (and the API's JSON of it) on one generated trace per size.
+fn analyze_bench(bench: &AnalyzeBench) {
+    use crate::analyze::{AnalyzeOptions, analyze};
+    let options = AnalyzeOptions::default();
+    println!(
+        "## analysis: median of {} runs (min–max)",
+        bench.repeats.max(1)
+    );
+    println!(
+        "| spans | analyze | analyze + API JSON | baseline: index ids + sort by start | analyze ÷ baseline | flags |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &size in &bench.spans {
+        eprintln!("generating a trace of {size} spans…");
+        let spans = large_trace(size);
+        let runs = bench.repeats.max(1);
+        let time = |f: &dyn Fn()| {
+            let mut times: Vec<f64> = (0..runs)
+                .map(|_| {
+                    let started = Instant::now();
+                    f();
+                    started.elapsed().as_secs_f64() * 1e3
+                })
+                .collect();
+            times.sort_by(f64::total_cmp);
+            (times[times.len() / 2], times[0], times[times.len() - 1])
+        };
+        let analysis = analyze(&spans, &options);
+        let flags: usize = analysis.flag_counts.values().sum();
+        let (analyze_ms, analyze_min, analyze_max) = time(&|| {
+            std::hint::black_box(analyze(&spans, &options));
+        });
+        let (json_ms, json_min, json_max) = time(&|| {
+            let analysis = analyze(&spans, &options);
+            std::hint::black_box(
+                serde_json::to_string(&crate::web::api::AnalysisJson::new(&spans, &analysis))
+                    .unwrap_or_default(),
+            );
+        });
+        let (base_ms, base_min, base_max) = time(&|| {
+            let index: std::collections::HashMap<_, _> = spans
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.span_id, i))
+                .collect();
+            let mut order: Vec<usize> = (0..spans.len()).collect();
+            order.sort_by_key(|&i| spans[i].start_unix_nano);
+            std::hint::black_box((index, order));
+        });
+        println!(
+            "| {size} | {analyze_ms:.2} ms ({analyze_min:.2}–{analyze_max:.2}) | {json_ms:.2} ms ({json_min:.2}–{json_max:.2}) | {base_ms:.2} ms ({base_min:.2}–{base_max:.2}) | {:.1} | {flags} |",
+            analyze_ms / base_ms
+        );
+    }
+}
+
+/// One trace of about `size` spans: a fan-out tree of services where every hop receives a
+/// budget and calls 3 downstream services, some of them twice (retries), some late.
+pub fn large_trace(size: usize) -> Vec<crate::model::Span> {
+    use crate::model::{
+        AttrValue, Budget, Scope, Span as ModelSpan, SpanId, SpanKind, Status, StatusCode, TraceId,
+    };
+    let mut rng = rand::rng();
+    let base = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let resource = Arc::new(vec![(
+        "service.name".to_string(),
+        AttrValue::String("svc".into()),
+    )]);
+    let make = |id: u64,
+                parent: Option<u64>,
+                service: String,
+                kind: SpanKind,
+                start_ms: f64,
+                duration_ms: f64,
+                budget: f64| ModelSpan {
+        trace_id: TraceId([9; 16]),
+        span_id: SpanId((id + 1).to_be_bytes()),
+        parent_span_id: parent.map(|p| SpanId((p + 1).to_be_bytes())),
+        service,
+        name: if kind == SpanKind::Server {
+            "POST /work".into()
+        } else {
+            "POST".into()
+        },
+        kind,
+        start_unix_nano: base + (start_ms * 1e6) as u64,
+        end_unix_nano: base + ((start_ms + duration_ms) * 1e6) as u64,
+        status: Status {
+            code: StatusCode::Unset,
+            message: String::new(),
+        },
+        attributes: vec![
+            (
+                "http.request.method".into(),
+                AttrValue::String("POST".into()),
+            ),
+            ("deadline.remaining_ms".into(), AttrValue::Double(budget)),
+        ],
+        resource: resource.clone(),
+        scope: Scope::default(),
+        events: Vec::new(),
+        links: Vec::new(),
+        budget: Some(Budget {
+            ms: budget,
+            source: "deadline.remaining_ms".into(),
+        }),
+        warnings: Vec::new(),
+    };
+    let mut spans = vec![make(
+        0,
+        None,
+        "svc0".into(),
+        SpanKind::Server,
+        0.0,
+        1000.0,
+        900.0,
+    )];
+    // (hop index, depth) still to expand, breadth first.
+    let mut queue = std::collections::VecDeque::from([(0usize, 0usize)]);
+    while let Some((hop, depth)) = queue.pop_front() {
+        let (hop_start, hop_budget) = {
+            let span = &spans[hop];
+            (
+                (span.start_unix_nano - base) as f64 / 1e6,
+                span.budget.as_ref().map_or(0.0, |b| b.ms),
+            )
+        };
+        let mut at = hop_start + 1.0;
+        for call in 0..3 {
+            let attempts = if rng.random_bool(0.2) { 2 } else { 1 };
+            for _ in 0..attempts {
+                if spans.len() + 2 > size {
+                    return spans;
+                }
+                let duration = rng.random_range(1.0..20.0);
+                let forwarded = hop_budget - (at - hop_start) - rng.random_range(0.0..3.0);
+                let call_id = spans.len() as u64;
+                spans.push(make(
+                    call_id,
+                    Some(
+                        spans[hop]
+                            .span_id
+                            .0
+                            .iter()
+                            .fold(0u64, |a, b| a << 8 | *b as u64)
+                            - 1,
+                    ),
+                    spans[hop].service.clone(),
+                    SpanKind::Client,
+                    at,
+                    duration,
+                    forwarded,
+                ));
+                let child = spans.len();
+                spans.push(make(
+                    child as u64,
+                    Some(call_id),
+                    format!("svc{}", (depth + call + 1) % 12),
+                    SpanKind::Server,
+                    at + 0.2,
+                    duration - 0.4,
+                    forwarded - 0.3,
+                ));
+                queue.push_back((child, depth + 1));
+                at += duration + 0.5;
+            }
+        }
+    }
+    spans
 }

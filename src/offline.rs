@@ -99,8 +99,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     for (trace_id, mut spans) in traces {
         spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
         if args.json {
-            let json = crate::web::api::trace_json(trace_id, &spans, &analyze_options);
-            writeln_out(&mut out, &json.to_string())?;
+            writeln_out(
+                &mut out,
+                &crate::web::api::trace_json(trace_id, &spans, &analyze_options),
+            )?;
         } else {
             let analysis = analyze(&spans, &analyze_options);
             writeln_out(

@@ -1,8 +1,13 @@
 //! JSON API handlers.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::Uri;
+use axum::http::header;
+use axum::response::{IntoResponse as _, Response};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::AppState;
@@ -59,7 +64,7 @@ fn truncate(text: &str, max: usize) -> String {
 pub async fn trace(
     State(state): State<AppState>,
     Path(trace_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let id = parse_trace_id(&trace_id)?;
     let spans = state.store.trace(id).await?;
     if spans.is_empty() {
@@ -76,74 +81,147 @@ pub async fn trace(
     let body = tokio::task::spawn_blocking(move || trace_json(id, &spans, &options))
         .await
         .map_err(|_| ApiError::internal("the analysis of this trace was interrupted; retry"))?;
-    Ok(Json(body))
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// A trace with its analysis, as `GET /api/traces/{id}` and `budgetscope analyze --json` give it.
-pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> Value {
+/// A trace with its analysis as JSON text, as `GET /api/traces/{id}` and
+/// `budgetscope analyze --json` give it.
+pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> String {
     let analysis = analyze(spans, options);
-    json!({
-        "trace_id": id.to_hex(),
-        "spans": spans.iter().map(span_json).collect::<Vec<_>>(),
-        "analysis": analysis_json(spans, &analysis),
-    })
+    let trace = TraceJson {
+        trace_id: id.to_hex(),
+        spans: spans.iter().map(span_json).collect(),
+        analysis: AnalysisJson::new(spans, &analysis),
+    };
+    serde_json::to_string(&trace).unwrap_or_default()
 }
 
-/// The API form of an analysis (README.md, "JSON API").
-pub fn analysis_json(spans: &[Span], analysis: &Analysis) -> Value {
-    let burner = analysis.burner.map(|r| {
-        let row = &analysis.rows[r];
-        let span = &spans[row.span];
-        json!({"span_id": span.span_id.to_hex(), "service": span.service, "name": span.name, "self_ms": row.self_ms})
-    });
-    let flag_counts: serde_json::Map<String, Value> = analysis
-        .flag_counts
-        .iter()
-        .map(|(flag, n)| (flag.as_str().to_string(), json!(n)))
-        .collect();
-    let rows: Vec<Value> = analysis
-        .rows
-        .iter()
-        .map(|row| {
+#[derive(Serialize)]
+struct TraceJson<'a> {
+    trace_id: String,
+    spans: Vec<Value>,
+    analysis: AnalysisJson<'a>,
+}
+
+/// The API form of an analysis (README.md, "Budget analysis").
+#[derive(Serialize)]
+pub struct AnalysisJson<'a> {
+    outcome: &'static str,
+    budget_ms: Option<f64>,
+    duration_ms: f64,
+    tolerance_ms: f64,
+    burner: Option<BurnerJson<'a>>,
+    flag_counts: BTreeMap<&'static str, usize>,
+    calls_reaching: &'a BTreeMap<String, usize>,
+    rows: Vec<RowJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct BurnerJson<'a> {
+    span_id: String,
+    service: &'a str,
+    name: &'a str,
+    self_ms: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct RowJson<'a> {
+    span_id: String,
+    parent_span_id: Option<String>,
+    depth: usize,
+    service: &'a str,
+    name: &'a str,
+    kind: &'static str,
+    role: &'static str,
+    start_offset_ms: f64,
+    duration_ms: f64,
+    budget_ms: Option<f64>,
+    budget_source: Option<&'a str>,
+    available_ms: Option<f64>,
+    deadline_offset_ms: Option<f64>,
+    self_ms: Option<f64>,
+    burn: Option<f64>,
+    exceed: Option<&'static str>,
+    attempt: Option<u32>,
+    wasted_ms: Option<f64>,
+    skew_shift_ms: f64,
+    flags: Vec<FlagJson<'a>>,
+    warnings: &'a [String],
+}
+
+#[derive(Serialize)]
+struct FlagJson<'a> {
+    flag: &'static str,
+    message: &'a str,
+}
+
+impl<'a> AnalysisJson<'a> {
+    pub fn new(spans: &'a [Span], analysis: &'a Analysis) -> Self {
+        let burner = analysis.burner.map(|r| {
+            let row = &analysis.rows[r];
             let span = &spans[row.span];
-            json!({
-                "span_id": span.span_id.to_hex(),
-                "parent_span_id": span.parent_span_id.map(|p| p.to_hex()),
-                "depth": row.depth,
-                "service": span.service,
-                "name": span.name,
-                "kind": span.kind.as_str(),
-                "role": row.role.as_str(),
-                "start_offset_ms": row.start_offset_ms,
-                "duration_ms": row.duration_ms,
-                "budget_ms": row.budget_ms,
-                "budget_source": span.budget.as_ref().map(|b| b.source.as_str()),
-                "available_ms": row.available_ms,
-                "deadline_offset_ms": row.deadline_offset_ms,
-                "self_ms": row.self_ms,
-                "burn": row.burn,
-                "exceed": row.exceed.map(|e| e.as_str()),
-                "attempt": row.attempt,
-                "wasted_ms": row.wasted_ms,
-                "skew_shift_ms": row.skew_shift_ms,
-                "flags": row.flags.iter().map(|f| json!({"flag": f.flag.as_str(), "message": f.message})).collect::<Vec<_>>(),
-                "warnings": row.warnings,
+            BurnerJson {
+                span_id: span.span_id.to_hex(),
+                service: &span.service,
+                name: &span.name,
+                self_ms: row.self_ms,
+            }
+        });
+        let rows = analysis
+            .rows
+            .iter()
+            .map(|row| {
+                let span = &spans[row.span];
+                RowJson {
+                    span_id: span.span_id.to_hex(),
+                    parent_span_id: span.parent_span_id.map(|p| p.to_hex()),
+                    depth: row.depth,
+                    service: &span.service,
+                    name: &span.name,
+                    kind: span.kind.as_str(),
+                    role: row.role.as_str(),
+                    start_offset_ms: row.start_offset_ms,
+                    duration_ms: row.duration_ms,
+                    budget_ms: row.budget_ms,
+                    budget_source: span.budget.as_ref().map(|b| b.source.as_str()),
+                    available_ms: row.available_ms,
+                    deadline_offset_ms: row.deadline_offset_ms,
+                    self_ms: row.self_ms,
+                    burn: row.burn,
+                    exceed: row.exceed.map(|e| e.as_str()),
+                    attempt: row.attempt,
+                    wasted_ms: row.wasted_ms,
+                    skew_shift_ms: row.skew_shift_ms,
+                    flags: row
+                        .flags
+                        .iter()
+                        .map(|f| FlagJson {
+                            flag: f.flag.as_str(),
+                            message: &f.message,
+                        })
+                        .collect(),
+                    warnings: &row.warnings,
+                }
             })
-        })
-        .collect();
-    json!({
-        "outcome": analysis.outcome.as_str(),
-        "budget_ms": analysis.budget_ms,
-        "duration_ms": analysis.duration_ms,
-        "tolerance_ms": analysis.tolerance_ms,
-        "burner": burner,
-        "flag_counts": flag_counts,
-        "calls_reaching": analysis.calls_reaching,
-        "rows": rows,
-    })
+            .collect();
+        AnalysisJson {
+            outcome: analysis.outcome.as_str(),
+            budget_ms: analysis.budget_ms,
+            duration_ms: analysis.duration_ms,
+            tolerance_ms: analysis.tolerance_ms,
+            burner,
+            flag_counts: analysis
+                .flag_counts
+                .iter()
+                .map(|(flag, n)| (flag.as_str(), *n))
+                .collect(),
+            calls_reaching: &analysis.calls_reaching,
+            rows,
+        }
+    }
 }
 
-/// The API form of a span (README.md, "API").
+/// The API form of a span (README.md, "JSON API").
 pub fn span_json(span: &Span) -> Value {
     json!({
         "span_id": span.span_id.to_hex(),
