@@ -491,12 +491,12 @@ impl BenchDatabases {
         if self.is_postgres() {
             let store = store::postgres::PostgresStore::connect(url).await?;
             for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
-                store.insert_rows(chunk, operations).await?;
+                store.insert_rows(chunk, operations, &[]).await?;
             }
         } else {
             let store = store::sqlite::SqliteStore::connect(url).await?;
             for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
-                store.insert_rows(chunk, operations).await?;
+                store.insert_rows(chunk, operations, &[]).await?;
             }
         }
         Ok(())

@@ -99,6 +99,10 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
+    /// How long a trace must receive no spans before it is analysed for search (e.g. 10s).
+    #[arg(long, env = "BUDGETSCOPE_QUIET_PERIOD", default_value = "10s")]
+    pub quiet_period: String,
+
     /// Spans accepted but not yet committed, at most; beyond it exporters are told to retry.
     #[arg(long, env = "BUDGETSCOPE_MAX_QUEUED_SPANS", default_value = "200000")]
     pub max_queued_spans: usize,
@@ -130,6 +134,7 @@ pub struct ServeConfig {
     pub tolerance_ms: f64,
     pub max_request_bytes: usize,
     pub retention: Duration,
+    pub quiet_period: Duration,
     pub cors_origins: Vec<HeaderValue>,
     pub max_queued_spans: usize,
 }
@@ -215,6 +220,14 @@ impl ServeArgs {
                     "expected a duration of at least 1m, e.g. 7d or 12h",
                 )
             })?;
+        let quiet_period = parse_duration_or_zero(&self.quiet_period).ok_or_else(|| {
+            invalid(
+                "quiet-period",
+                "BUDGETSCOPE_QUIET_PERIOD",
+                &self.quiet_period,
+                "expected a duration such as 10s or 500ms",
+            )
+        })?;
         let cors_origins = self
             .cors_origins
             .iter()
@@ -261,9 +274,17 @@ impl ServeArgs {
             tolerance_ms: self.tolerance_ms,
             max_request_bytes,
             retention,
+            quiet_period,
             cors_origins,
             max_queued_spans: self.max_queued_spans,
         })
+    }
+}
+
+fn parse_duration_or_zero(text: &str) -> Option<Duration> {
+    match text.trim() {
+        "0" => Some(Duration::ZERO),
+        text => humantime::parse_duration(text).ok(),
     }
 }
 

@@ -153,21 +153,18 @@ async fn write_loop(
 /// Writes the jobs in one transaction. If that fails and there were several jobs, each is
 /// tried alone, so one job the database refuses cannot fail the others with it.
 async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
-    let empty = || EncodedBatch {
-        rows: Vec::new(),
-        operations: Vec::new(),
-    };
     let lens: Vec<usize> = jobs.iter().map(|job| job.batch.len()).collect();
-    let own_operations: Vec<_> = if jobs.len() > 1 {
+    // What each job needs to be written alone, kept only when there is more than one.
+    let own_parts: Vec<_> = if jobs.len() > 1 {
         jobs.iter()
-            .map(|job| job.batch.operations.clone())
+            .map(|job| (job.batch.operations.clone(), job.batch.traces.clone()))
             .collect()
     } else {
         Vec::new()
     };
     let merged = EncodedBatch::merge(
         jobs.iter_mut()
-            .map(|job| std::mem::replace(&mut job.batch, empty()))
+            .map(|job| std::mem::replace(&mut job.batch, EncodedBatch::empty()))
             .collect(),
     );
     let started = std::time::Instant::now();
@@ -182,10 +179,11 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
         log_failure(error, merged.len());
         if jobs.len() > 1 {
             let mut rows = merged.rows.into_iter();
-            for ((job, len), operations) in jobs.into_iter().zip(lens).zip(own_operations) {
+            for ((job, len), (operations, traces)) in jobs.into_iter().zip(lens).zip(own_parts) {
                 let own = EncodedBatch {
                     rows: rows.by_ref().take(len).collect(),
                     operations,
+                    traces,
                 };
                 let result = store.write_batch(&own).await;
                 if let Err(error) = &result {

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod budget;
 pub mod codec;
 pub mod config;
+pub mod indexer;
 pub mod ingest;
 pub mod model;
 pub mod normalize;

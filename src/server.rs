@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
+use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor};
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
@@ -32,9 +33,10 @@ pub struct RunningServer {
     pub http_addr: SocketAddr,
     pub store: Arc<dyn Store>,
     stop_accepting: CancellationToken,
-    stop_retention: CancellationToken,
+    stop_background: CancellationToken,
     listeners: Vec<JoinHandle<()>>,
-    retention: JoinHandle<()>,
+    /// Retention and the background analyzer.
+    background: Vec<JoinHandle<()>>,
     ingestor: Arc<Ingestor>,
 }
 
@@ -115,12 +117,24 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         stop_accepting.clone(),
         "ui and api",
     );
-    let stop_retention = CancellationToken::new();
-    let retention = tokio::spawn(retention_loop(
-        store.clone(),
-        config.retention,
-        stop_retention.clone(),
-    ));
+    let stop_background = CancellationToken::new();
+    let background = vec![
+        tokio::spawn(retention_loop(
+            store.clone(),
+            config.retention,
+            stop_background.clone(),
+        )),
+        tokio::spawn(indexer::run(
+            store.clone(),
+            IndexerOptions {
+                quiet_period: config.quiet_period,
+                analyze: AnalyzeOptions {
+                    tolerance_ms: config.tolerance_ms,
+                },
+            },
+            stop_background.clone(),
+        )),
+    ];
     tracing::info!(
         %otlp_grpc_addr, %otlp_http_addr, %http_addr, store = store.backend(),
         "budgetscope listening"
@@ -131,9 +145,9 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         http_addr,
         store,
         stop_accepting,
-        stop_retention,
+        stop_background,
         listeners: vec![grpc, otlp_http, http],
-        retention,
+        background,
         ingestor,
     })
 }
@@ -162,8 +176,10 @@ impl RunningServer {
             let _ = listener.await;
         }
         self.ingestor.shutdown().await;
-        self.stop_retention.cancel();
-        let _ = self.retention.await;
+        self.stop_background.cancel();
+        for task in self.background {
+            let _ = task.await;
+        }
         tracing::info!("budgetscope stopped; every acknowledged span is committed");
     }
 }

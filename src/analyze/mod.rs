@@ -17,6 +17,7 @@
 pub mod fixture;
 mod rules;
 mod skew;
+pub mod summary;
 pub mod text;
 mod tree;
 

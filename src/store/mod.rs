@@ -6,6 +6,7 @@
 //! copy stored wins, so exporter retries never duplicate a span.
 
 pub mod postgres;
+pub mod query;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -13,8 +14,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
+use crate::analyze::summary::TraceSummary;
 use crate::codec;
 use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
+use query::TraceQuery;
 
 /// What can go wrong in a store. Messages are for logs; the web and receiver layers map
 /// these to their own responses and never show database text to clients.
@@ -79,6 +82,25 @@ pub trait Store: Send + Sync + 'static {
 
     /// How many spans are stored.
     async fn span_count(&self) -> Result<u64, StoreError>;
+
+    /// Traces whose last spans were committed before `received_before`, oldest first, with
+    /// the commit time that marked them (pass it back to `write_summaries`).
+    async fn quiet_traces(
+        &self,
+        received_before: u64,
+        limit: u32,
+    ) -> Result<Vec<(TraceId, i64)>, StoreError>;
+
+    /// Upserts summaries and clears each analysed trace's mark unless a span arrived since
+    /// (its mark changed), in which case the trace will be analysed again.
+    async fn write_summaries(
+        &self,
+        summaries: &[TraceSummary],
+        analysed: &[(TraceId, i64)],
+    ) -> Result<(), StoreError>;
+
+    /// Summaries matching the query, newest first.
+    async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;
 }
 
 /// Opens the store a database URL names and brings its schema up to date.
@@ -117,13 +139,27 @@ pub(crate) type OperationRow = (String, String, i16, i64);
 pub struct EncodedBatch {
     pub(crate) rows: Vec<SpanRow>,
     pub(crate) operations: Vec<OperationRow>,
+    /// The distinct trace ids of the rows, sorted: marked dirty for the analyzer.
+    pub(crate) traces: Vec<Vec<u8>>,
 }
 
 impl EncodedBatch {
     pub fn encode(spans: &[Span]) -> EncodedBatch {
+        let mut traces: Vec<Vec<u8>> = spans.iter().map(|s| s.trace_id.0.to_vec()).collect();
+        traces.sort();
+        traces.dedup();
         EncodedBatch {
             rows: encode_rows(spans),
             operations: batch_operations(spans),
+            traces,
+        }
+    }
+
+    pub fn empty() -> EncodedBatch {
+        EncodedBatch {
+            rows: Vec::new(),
+            operations: Vec::new(),
+            traces: Vec::new(),
         }
     }
 
@@ -138,14 +174,14 @@ impl EncodedBatch {
     /// One batch of all the rows; operations deduplicated (a Postgres upsert may not touch
     /// a row twice) and sorted (concurrent upserts lock rows in one order).
     pub fn merge(batches: Vec<EncodedBatch>) -> EncodedBatch {
-        let mut merged = EncodedBatch {
-            rows: Vec::new(),
-            operations: Vec::new(),
-        };
+        let mut merged = EncodedBatch::empty();
         for batch in batches {
             merged.rows.extend(batch.rows);
             merged.operations.extend(batch.operations);
+            merged.traces.extend(batch.traces);
         }
+        merged.traces.sort();
+        merged.traces.dedup();
         merged.operations.sort();
         merged.operations.dedup_by(|later, earlier| {
             let same = (&later.0, &later.1, later.2) == (&earlier.0, &earlier.1, earlier.2);
@@ -219,6 +255,34 @@ pub(crate) fn batch_operations(spans: &[Span]) -> Vec<OperationRow> {
         .collect();
     operations.sort();
     operations
+}
+
+/// The conflict clause of both backends' summary upserts (same SQL on both).
+pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
+     root_service = excluded.root_service, root_name = excluded.root_name, \
+     start_unix_nano = excluded.start_unix_nano, duration_ms = excluded.duration_ms, \
+     budget_ms = excluded.budget_ms, outcome = excluded.outcome, \
+     burner_service = excluded.burner_service, burner_name = excluded.burner_name, \
+     burner_self_ms = excluded.burner_self_ms, flag_counts = excluded.flag_counts, \
+     span_count = excluded.span_count, services = excluded.services, \
+     operations = excluded.operations, flags = excluded.flags";
+
+/// The wall clock, in unix nanoseconds, for commit marks.
+pub(crate) fn now_unix_nano() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn decode_marks(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<(TraceId, i64)>, StoreError> {
+    rows.into_iter()
+        .map(|(id, mark)| {
+            TraceId::from_bytes(&id)
+                .map(|id| (id, mark))
+                .map_err(|e| StoreError::Corrupt(format!("dirty trace id {e}")))
+        })
+        .collect()
 }
 
 /// One stored span row as read back, before decoding.

@@ -14,6 +14,14 @@ use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     decode_operations, decode_rows,
 };
+use sqlx::{Postgres, QueryBuilder};
+
+use super::query::{
+    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
+    flag_needle, operation_needle, service_needle,
+};
+use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
+use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 
 const INSERT_SPANS: &str = "INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, \
@@ -28,6 +36,11 @@ const UPSERT_OPERATIONS: &str = "INSERT INTO operations (service, name, kind, la
      SELECT * FROM UNNEST($1::text[], $2::text[], $3::int2[], $4::int8[]) \
      ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
      GREATEST(operations.last_seen_unix_nano, excluded.last_seen_unix_nano)";
+
+/// Traces are sorted, so concurrent writers lock their marks in one order (no deadlock).
+const MARK_DIRTY: &str = "INSERT INTO dirty_traces (trace_id, received_unix_nano) \
+     SELECT t, $2 FROM UNNEST($1::bytea[]) AS t \
+     ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano";
 
 pub struct PostgresStore {
     pool: PgPool,
@@ -51,6 +64,7 @@ impl PostgresStore {
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
+        traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
         fn column<T: Clone>(rows: &[SpanRow], f: impl Fn(&SpanRow) -> T) -> Vec<T> {
             rows.iter().map(f).collect()
@@ -80,6 +94,13 @@ impl PostgresStore {
                 .bind(operations.iter().map(|o| o.1.clone()).collect::<Vec<_>>())
                 .bind(operations.iter().map(|o| o.2).collect::<Vec<_>>())
                 .bind(operations.iter().map(|o| o.3).collect::<Vec<_>>())
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !traces.is_empty() {
+            sqlx::query(MARK_DIRTY)
+                .bind(traces)
+                .bind(now_unix_nano())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -193,7 +214,8 @@ impl Store for PostgresStore {
         if batch.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&batch.rows, &batch.operations).await
+        self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
+            .await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
@@ -240,6 +262,14 @@ impl Store for PostgresStore {
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "DELETE FROM trace_summaries WHERE ctid IN \
+             (SELECT ctid FROM trace_summaries WHERE start_unix_nano < $1 LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(deleted)
     }
@@ -249,5 +279,155 @@ impl Store for PostgresStore {
             .fetch_one(&self.pool)
             .await?;
         Ok(count as u64)
+    }
+
+    async fn quiet_traces(
+        &self,
+        received_before: u64,
+        limit: u32,
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+            "SELECT trace_id, received_unix_nano FROM dirty_traces \
+             WHERE received_unix_nano < $1 ORDER BY received_unix_nano LIMIT $2",
+        )
+        .bind(i64::try_from(received_before).unwrap_or(i64::MAX))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        decode_marks(rows)
+    }
+
+    async fn write_summaries(
+        &self,
+        summaries: &[TraceSummary],
+        analysed: &[(TraceId, i64)],
+    ) -> Result<(), StoreError> {
+        let mut rows: Vec<SummaryRow> = summaries.iter().map(encode_summary).collect();
+        // One upsert may not touch a row twice; sorted ids also keep lock order stable.
+        rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
+        rows.dedup_by(|a, b| a.trace_id == b.trace_id);
+        let mut tx = self.pool.begin().await?;
+        if !rows.is_empty() {
+            let mut upsert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+                "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
+            ));
+            upsert.push_values(&rows, |mut b, row| {
+                b.push_bind(row.trace_id.clone())
+                    .push_bind(row.root_service.clone())
+                    .push_bind(row.root_name.clone())
+                    .push_bind(row.start_unix_nano)
+                    .push_bind(row.duration_ms)
+                    .push_bind(row.budget_ms)
+                    .push_bind(row.outcome)
+                    .push_bind(row.burner_service.clone())
+                    .push_bind(row.burner_name.clone())
+                    .push_bind(row.burner_self_ms)
+                    .push_bind(row.flag_counts.clone())
+                    .push_bind(row.span_count)
+                    .push_bind(row.services.clone())
+                    .push_bind(row.operations.clone())
+                    .push_bind(row.flags.clone());
+            });
+            upsert.push(SUMMARY_UPSERT);
+            upsert.build().execute(&mut *tx).await?;
+        }
+        for (trace_id, mark) in analysed {
+            sqlx::query("DELETE FROM dirty_traces WHERE trace_id = $1 AND received_unix_nano = $2")
+                .bind(trace_id.0.as_slice())
+                .bind(*mark)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+            "SELECT {SUMMARY_COLUMNS} FROM trace_summaries ts WHERE 1 = 1"
+        ));
+        if let Some(service) = &query.service {
+            q.push(" AND strpos(services, ")
+                .push_bind(service_needle(service))
+                .push(") > 0");
+        }
+        if let Some(operation) = &query.operation {
+            q.push(" AND strpos(operations, ")
+                .push_bind(operation_needle(query.service.as_deref(), operation))
+                .push(") > 0");
+        }
+        if let Some(flag) = query.flag {
+            q.push(" AND strpos(flags, ")
+                .push_bind(flag_needle(flag))
+                .push(") > 0");
+        }
+        if let Some(outcome) = query.outcome {
+            q.push(" AND outcome = ").push_bind(outcome.as_str());
+        }
+        push_range(
+            &mut q,
+            "duration_ms",
+            query.min_duration_ms,
+            query.max_duration_ms,
+        );
+        push_range(
+            &mut q,
+            "budget_ms",
+            query.min_budget_ms,
+            query.max_budget_ms,
+        );
+        if let Some(since) = query.since_unix_nano {
+            q.push(" AND start_unix_nano >= ")
+                .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
+        }
+        if let Some(until) = query.until_unix_nano {
+            q.push(" AND start_unix_nano < ")
+                .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+        }
+        if let Some(cursor) = query.cursor {
+            let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
+            q.push(" AND (start_unix_nano, trace_id) < (")
+                .push_bind(start)
+                .push(", ")
+                .push_bind(cursor.trace_id.0.to_vec())
+                .push(")");
+        }
+        for filter in &query.attrs {
+            q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND ");
+            match &filter.value {
+                AttrOperand::Number(n) => {
+                    q.push("CASE WHEN jsonb_typeof(sp.attributes::jsonb -> ")
+                        .push_bind(filter.key.clone())
+                        .push(") = 'number' THEN (sp.attributes::jsonb ->> ")
+                        .push_bind(filter.key.clone())
+                        .push(")::float8 END ")
+                        .push(filter.op.sql())
+                        .push(" ")
+                        .push_bind(*n);
+                }
+                AttrOperand::Text(t) => {
+                    q.push("(sp.attributes::jsonb ->> ")
+                        .push_bind(filter.key.clone())
+                        .push(") ")
+                        .push(filter.op.sql())
+                        .push(" ")
+                        .push_bind(t.clone());
+                }
+            }
+            q.push(")");
+        }
+        q.push(" ORDER BY start_unix_nano DESC, trace_id DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
+        rows.into_iter().map(StoredSummary::decode).collect()
+    }
+}
+
+fn push_range(q: &mut QueryBuilder<Postgres>, column: &str, min: Option<f64>, max: Option<f64>) {
+    if let Some(min) = min {
+        q.push(format!(" AND {column} >= ")).push_bind(min);
+    }
+    if let Some(max) = max {
+        q.push(format!(" AND {column} <= ")).push_bind(max);
     }
 }

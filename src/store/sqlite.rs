@@ -14,10 +14,16 @@ use sqlx::sqlite::{
 };
 use sqlx::{QueryBuilder, Sqlite};
 
+use super::query::{
+    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
+    flag_needle, operation_needle, service_needle,
+};
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     decode_operations, decode_rows,
 };
+use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
+use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 
 /// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
@@ -108,6 +114,7 @@ impl SqliteStore {
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
+        traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
         let mut remaining = rows;
@@ -154,6 +161,21 @@ impl SqliteStore {
                  max(last_seen_unix_nano, excluded.last_seen_unix_nano)",
             );
             upsert.build().persistent(true).execute(&mut *tx).await?;
+        }
+        let received = now_unix_nano();
+        let mut remaining = traces;
+        for size in statement_sizes(traces.len()) {
+            let (chunk, rest) = remaining.split_at(size);
+            remaining = rest;
+            let mut mark: QueryBuilder<Sqlite> =
+                QueryBuilder::new("INSERT INTO dirty_traces (trace_id, received_unix_nano) ");
+            mark.push_values(chunk, |mut b, trace| {
+                b.push_bind(trace.as_slice()).push_bind(received);
+            });
+            mark.push(
+                " ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano",
+            );
+            mark.build().persistent(true).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -207,7 +229,8 @@ impl Store for SqliteStore {
         if batch.is_empty() {
             return Ok(());
         }
-        self.insert_rows(&batch.rows, &batch.operations).await
+        self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
+            .await
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
@@ -254,6 +277,14 @@ impl Store for SqliteStore {
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
+        sqlx::query(
+            "DELETE FROM trace_summaries WHERE rowid IN \
+             (SELECT rowid FROM trace_summaries WHERE start_unix_nano < ? LIMIT ?)",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(deleted)
     }
@@ -263,6 +294,144 @@ impl Store for SqliteStore {
             .fetch_one(&self.reader)
             .await?;
         Ok(count as u64)
+    }
+
+    async fn quiet_traces(
+        &self,
+        received_before: u64,
+        limit: u32,
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
+            "SELECT trace_id, received_unix_nano FROM dirty_traces \
+             WHERE received_unix_nano < ? ORDER BY received_unix_nano LIMIT ?",
+        )
+        .bind(i64::try_from(received_before).unwrap_or(i64::MAX))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        decode_marks(rows)
+    }
+
+    async fn write_summaries(
+        &self,
+        summaries: &[TraceSummary],
+        analysed: &[(TraceId, i64)],
+    ) -> Result<(), StoreError> {
+        let rows: Vec<SummaryRow> = summaries.iter().map(encode_summary).collect();
+        let mut tx = self.writer.begin().await?;
+        for chunk in rows.chunks(500) {
+            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
+            ));
+            upsert.push_values(chunk, |mut b, row| {
+                b.push_bind(row.trace_id.as_slice())
+                    .push_bind(row.root_service.as_str())
+                    .push_bind(row.root_name.as_str())
+                    .push_bind(row.start_unix_nano)
+                    .push_bind(row.duration_ms)
+                    .push_bind(row.budget_ms)
+                    .push_bind(row.outcome)
+                    .push_bind(row.burner_service.as_deref())
+                    .push_bind(row.burner_name.as_deref())
+                    .push_bind(row.burner_self_ms)
+                    .push_bind(row.flag_counts.as_str())
+                    .push_bind(row.span_count)
+                    .push_bind(row.services.as_str())
+                    .push_bind(row.operations.as_str())
+                    .push_bind(row.flags.as_str());
+            });
+            upsert.push(SUMMARY_UPSERT);
+            upsert.build().execute(&mut *tx).await?;
+        }
+        for (trace_id, mark) in analysed {
+            sqlx::query("DELETE FROM dirty_traces WHERE trace_id = ? AND received_unix_nano = ?")
+                .bind(trace_id.0.as_slice())
+                .bind(*mark)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+            "SELECT {SUMMARY_COLUMNS} FROM trace_summaries ts WHERE 1 = 1"
+        ));
+        if let Some(service) = &query.service {
+            q.push(" AND instr(services, ")
+                .push_bind(service_needle(service))
+                .push(") > 0");
+        }
+        if let Some(operation) = &query.operation {
+            q.push(" AND instr(operations, ")
+                .push_bind(operation_needle(query.service.as_deref(), operation))
+                .push(") > 0");
+        }
+        if let Some(flag) = query.flag {
+            q.push(" AND instr(flags, ")
+                .push_bind(flag_needle(flag))
+                .push(") > 0");
+        }
+        if let Some(outcome) = query.outcome {
+            q.push(" AND outcome = ").push_bind(outcome.as_str());
+        }
+        push_range(
+            &mut q,
+            "duration_ms",
+            query.min_duration_ms,
+            query.max_duration_ms,
+        );
+        push_range(
+            &mut q,
+            "budget_ms",
+            query.min_budget_ms,
+            query.max_budget_ms,
+        );
+        if let Some(since) = query.since_unix_nano {
+            q.push(" AND start_unix_nano >= ")
+                .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
+        }
+        if let Some(until) = query.until_unix_nano {
+            q.push(" AND start_unix_nano < ")
+                .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+        }
+        if let Some(cursor) = query.cursor {
+            let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
+            q.push(" AND (start_unix_nano < ")
+                .push_bind(start)
+                .push(" OR (start_unix_nano = ")
+                .push_bind(start)
+                .push(" AND trace_id < ")
+                .push_bind(cursor.trace_id.0.to_vec())
+                .push("))");
+        }
+        for filter in &query.attrs {
+            // Keys are checked for '"' by the API; the JSON path quotes the whole key.
+            q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND json_extract(sp.attributes, ")
+                .push_bind(format!("$.\"{}\"", filter.key))
+                .push(") ")
+                .push(filter.op.sql())
+                .push(" ");
+            match &filter.value {
+                AttrOperand::Number(n) => q.push_bind(*n),
+                AttrOperand::Text(t) => q.push_bind(t.clone()),
+            };
+            q.push(")");
+        }
+        q.push(" ORDER BY start_unix_nano DESC, trace_id DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
+        rows.into_iter().map(StoredSummary::decode).collect()
+    }
+}
+
+fn push_range(q: &mut QueryBuilder<Sqlite>, column: &str, min: Option<f64>, max: Option<f64>) {
+    if let Some(min) = min {
+        q.push(format!(" AND {column} >= ")).push_bind(min);
+    }
+    if let Some(max) = max {
+        q.push(format!(" AND {column} <= ")).push_bind(max);
     }
 }
 

@@ -34,6 +34,11 @@ impl ApiError {
         }
     }
 
+    /// What the client is told.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,

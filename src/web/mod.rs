@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod error;
+pub mod search;
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(api::healthz))
         .route("/readyz", get(api::readyz))
+        .route("/api/traces", get(search::search))
         .route("/api/traces/{trace_id}", get(api::trace))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))

@@ -174,3 +174,86 @@ pub async fn get_json(server: &RunningServer, path: &str) -> (u16, serde_json::V
     });
     (status, json)
 }
+
+/// Fixture spans as an OTLP export request (one `ResourceSpans` per service), moved so the
+/// trace ends `ago_ms` before now (fixtures are dated 2023; retention would delete them).
+pub fn otlp_request(
+    spans: &[budgetscope::model::Span],
+    ago_ms: u64,
+) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
+    use budgetscope::model::AttrValue;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+
+    let end = spans.iter().map(|s| s.end_unix_nano).max().unwrap_or(0);
+    let shift = (now_nanos() - ago_ms * 1_000_000).saturating_sub(end);
+    let value = |v: &AttrValue| {
+        Some(AnyValue {
+            value: Some(match v {
+                AttrValue::String(s) => Value::StringValue(s.clone()),
+                AttrValue::Int(i) => Value::IntValue(*i),
+                AttrValue::Double(d) => Value::DoubleValue(*d),
+                AttrValue::Bool(b) => Value::BoolValue(*b),
+                other => Value::StringValue(format!("{other:?}")),
+            }),
+        })
+    };
+    let kv = |k: &str, v: &AttrValue| KeyValue {
+        key: k.to_string(),
+        value: value(v),
+        ..Default::default()
+    };
+    let mut services: Vec<&str> = spans.iter().map(|s| s.service.as_str()).collect();
+    services.sort();
+    services.dedup();
+    let resource_spans = services
+        .into_iter()
+        .map(|service| ResourceSpans {
+            resource: Some(Resource {
+                attributes: vec![kv("service.name", &AttrValue::String(service.to_string()))],
+                ..Default::default()
+            }),
+            scope_spans: vec![ScopeSpans {
+                spans: spans
+                    .iter()
+                    .filter(|s| s.service == service)
+                    .map(|s| Span {
+                        trace_id: s.trace_id.0.to_vec(),
+                        span_id: s.span_id.0.to_vec(),
+                        parent_span_id: s.parent_span_id.map(|p| p.0.to_vec()).unwrap_or_default(),
+                        name: s.name.clone(),
+                        kind: s.kind.as_i32(),
+                        start_time_unix_nano: s.start_unix_nano + shift,
+                        end_time_unix_nano: s.end_unix_nano + shift,
+                        attributes: s.attributes.iter().map(|(k, v)| kv(k, v)).collect(),
+                        status: Some(Status {
+                            code: s.status.code.as_i32(),
+                            message: s.status.message.clone(),
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .collect();
+    opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest { resource_spans }
+}
+
+/// Posts an OTLP request as protobuf to the server's OTLP/HTTP port; panics unless 200.
+pub async fn post_otlp(
+    server: &RunningServer,
+    request: &opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest,
+) {
+    use prost::Message as _;
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/traces", server.otlp_http_addr))
+        .header("content-type", "application/x-protobuf")
+        .body(request.encode_to_vec())
+        .send()
+        .await
+        .expect("export");
+    assert_eq!(response.status(), 200);
+}

@@ -1,0 +1,229 @@
+//! Trace search and summary rows, shared by both stores: the query struct the API fills,
+//! and the column encoding of `TraceSummary`.
+
+use std::collections::BTreeMap;
+
+use crate::analyze::summary::TraceSummary;
+use crate::analyze::{Flag, Outcome};
+use crate::model::TraceId;
+
+use super::StoreError;
+
+/// A comparison on a span attribute: traces with at least one span where it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttrFilter {
+    pub key: String,
+    pub op: AttrOp,
+    pub value: AttrOperand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttrOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl AttrOp {
+    pub fn sql(self) -> &'static str {
+        match self {
+            AttrOp::Eq => "=",
+            AttrOp::Ne => "<>",
+            AttrOp::Lt => "<",
+            AttrOp::Le => "<=",
+            AttrOp::Gt => ">",
+            AttrOp::Ge => ">=",
+        }
+    }
+}
+
+/// Numbers compare numerically, anything else as text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrOperand {
+    Number(f64),
+    Text(String),
+}
+
+/// Where a page of results ends: the last trace's start and id (results are newest first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub start_unix_nano: u64,
+    pub trace_id: TraceId,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        format!("{}-{}", self.start_unix_nano, self.trace_id.to_hex())
+    }
+
+    pub fn decode(text: &str) -> Option<Cursor> {
+        let (start, id) = text.split_once('-')?;
+        Some(Cursor {
+            start_unix_nano: start.parse().ok()?,
+            trace_id: TraceId::from_hex(id).ok()?,
+        })
+    }
+}
+
+/// Trace search. Every field narrows; `None` and empty do not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TraceQuery {
+    /// Traces with a span of this service.
+    pub service: Option<String>,
+    /// Traces with a hop or root of this name (of `service`, when given).
+    pub operation: Option<String>,
+    pub flag: Option<Flag>,
+    pub outcome: Option<Outcome>,
+    pub min_duration_ms: Option<f64>,
+    pub max_duration_ms: Option<f64>,
+    pub min_budget_ms: Option<f64>,
+    pub max_budget_ms: Option<f64>,
+    /// Traces that started at or after this time.
+    pub since_unix_nano: Option<u64>,
+    /// Traces that started before this time.
+    pub until_unix_nano: Option<u64>,
+    pub attrs: Vec<AttrFilter>,
+    pub limit: u32,
+    pub cursor: Option<Cursor>,
+}
+
+/// A summary as columns.
+pub(crate) struct SummaryRow {
+    pub trace_id: Vec<u8>,
+    pub root_service: String,
+    pub root_name: String,
+    pub start_unix_nano: i64,
+    pub duration_ms: f64,
+    pub budget_ms: Option<f64>,
+    pub outcome: &'static str,
+    pub burner_service: Option<String>,
+    pub burner_name: Option<String>,
+    pub burner_self_ms: Option<f64>,
+    pub flag_counts: String,
+    pub flags: String,
+    pub span_count: i64,
+    pub services: String,
+    pub operations: String,
+}
+
+/// The substring a `services` column contains when the trace has `service`.
+pub(crate) fn service_needle(service: &str) -> String {
+    format!("\n{service}\n")
+}
+
+/// The substring an `operations` column contains for this operation.
+pub(crate) fn operation_needle(service: Option<&str>, name: &str) -> String {
+    match service {
+        Some(service) => format!("\n{service}\t{name}\n"),
+        None => format!("\t{name}\n"),
+    }
+}
+
+pub(crate) fn flag_needle(flag: Flag) -> String {
+    format!(",{},", flag.as_str())
+}
+
+pub(crate) fn encode_summary(summary: &TraceSummary) -> SummaryRow {
+    let flag_counts: BTreeMap<&str, usize> = summary
+        .flag_counts
+        .iter()
+        .map(|(flag, n)| (flag.as_str(), *n))
+        .collect();
+    let flags: String = summary
+        .flag_counts
+        .keys()
+        .map(|f| format!(",{}", f.as_str()))
+        .collect::<String>()
+        + ",";
+    let services = summary
+        .services
+        .iter()
+        .fold(String::from("\n"), |acc, s| acc + s + "\n");
+    let operations = summary
+        .operations
+        .iter()
+        .fold(String::from("\n"), |acc, (service, name)| {
+            acc + service + "\t" + name + "\n"
+        });
+    SummaryRow {
+        trace_id: summary.trace_id.0.to_vec(),
+        root_service: summary.root_service.clone(),
+        root_name: summary.root_name.clone(),
+        start_unix_nano: i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX),
+        duration_ms: summary.duration_ms,
+        budget_ms: summary.budget_ms,
+        outcome: summary.outcome.as_str(),
+        burner_service: summary.burner.as_ref().map(|b| b.0.clone()),
+        burner_name: summary.burner.as_ref().map(|b| b.1.clone()),
+        burner_self_ms: summary.burner.as_ref().map(|b| b.2),
+        flag_counts: serde_json::to_string(&flag_counts).unwrap_or_else(|_| "{}".into()),
+        flags,
+        span_count: summary.span_count as i64,
+        services,
+        operations,
+    }
+}
+
+/// The column list both backends select, in `StoredSummary` order.
+pub(crate) const SUMMARY_COLUMNS: &str = "trace_id, root_service, root_name, start_unix_nano, duration_ms, \
+     budget_ms, outcome, burner_service, burner_name, burner_self_ms, flag_counts, span_count, services, operations";
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredSummary {
+    pub trace_id: Vec<u8>,
+    pub root_service: String,
+    pub root_name: String,
+    pub start_unix_nano: i64,
+    pub duration_ms: f64,
+    pub budget_ms: Option<f64>,
+    pub outcome: String,
+    pub burner_service: Option<String>,
+    pub burner_name: Option<String>,
+    pub burner_self_ms: Option<f64>,
+    pub flag_counts: String,
+    pub span_count: i64,
+    pub services: String,
+    pub operations: String,
+}
+
+impl StoredSummary {
+    pub fn decode(self) -> Result<TraceSummary, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt(format!("trace summary {what}"));
+        let counts: BTreeMap<String, usize> =
+            serde_json::from_str(&self.flag_counts).map_err(|_| corrupt("flag counts"))?;
+        Ok(TraceSummary {
+            trace_id: TraceId::from_bytes(&self.trace_id).map_err(|_| corrupt("trace id"))?,
+            root_service: self.root_service,
+            root_name: self.root_name,
+            start_unix_nano: self.start_unix_nano.max(0) as u64,
+            duration_ms: self.duration_ms,
+            budget_ms: self.budget_ms,
+            outcome: Outcome::from_name(&self.outcome).ok_or_else(|| corrupt("outcome"))?,
+            burner: match (self.burner_service, self.burner_name, self.burner_self_ms) {
+                (Some(service), Some(name), Some(own)) => Some((service, name, own)),
+                _ => None,
+            },
+            // A flag this version does not know is skipped, not fatal.
+            flag_counts: counts
+                .into_iter()
+                .filter_map(|(name, n)| Some((Flag::from_name(&name)?, n)))
+                .collect(),
+            span_count: self.span_count.max(0) as usize,
+            services: self
+                .services
+                .split('\n')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            operations: self
+                .operations
+                .split('\n')
+                .filter_map(|line| line.split_once('\t'))
+                .map(|(s, n)| (s.to_string(), n.to_string()))
+                .collect(),
+        })
+    }
+}

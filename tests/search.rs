@@ -1,0 +1,197 @@
+//! Trace summaries and search, end to end on both stores: spans through the real
+//! receiver, summaries by the background analyzer, `GET /api/traces` with every filter.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use budgetscope::analyze::fixture::parse;
+use budgetscope::model::{Span, TraceId};
+use common::{TestDb, get_json, otlp_request, post_otlp, start};
+use serde_json::Value;
+
+/// A fixture with its own trace id.
+fn trace(id: u8, text: &str) -> Vec<Span> {
+    let mut spans = parse(text);
+    for span in &mut spans {
+        span.trace_id = TraceId([id; 16]);
+    }
+    spans
+}
+
+fn hex(id: u8) -> String {
+    TraceId([id; 16]).to_hex()
+}
+
+/// Polls a search until it returns `expected` traces (the analyzer runs in the background).
+async fn search_until(
+    server: &budgetscope::server::RunningServer,
+    query: &str,
+    expected: usize,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = get_json(server, &format!("/api/traces?{query}")).await;
+        assert_eq!(status, 200, "{query}: {body}");
+        if body["traces"].as_array().unwrap().len() == expected || Instant::now() > deadline {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ids(body: &Value) -> Vec<String> {
+    body["traces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["trace_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn summaries_are_searchable_by_every_filter() {
+    for db in TestDb::all().await {
+        let server = start(&db, &["--quiet-period", "100ms"]).await;
+        let ok = trace(
+            1,
+            r#"
+edge server "GET /checkout" 0 300 budget=800 method=GET http-status=200
+  edge client "inventory" 10 200 budget=790
+    inventory server "GET /stock" 12 190 budget=788
+"#,
+        );
+        let inflated = trace(
+            2,
+            r#"
+edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
+  edge client "billing" 20 1500 budget=5000
+    billing server "Charge" 25 1490 budget=5000
+"#,
+        );
+        let no_budget = trace(3, r#"batch server "nightly" 0 50 http-status=500"#);
+        // Started about 10 s, 7.5 s and 1.3 s ago.
+        post_otlp(&server, &otlp_request(&no_budget, 10_000)).await;
+        post_otlp(&server, &otlp_request(&inflated, 6_000)).await;
+        post_otlp(&server, &otlp_request(&ok, 1000)).await;
+
+        let all = search_until(&server, "", 3).await;
+        assert_eq!(
+            ids(&all),
+            [hex(1), hex(2), hex(3)],
+            "{}: newest first",
+            db.backend
+        );
+        let first = &all["traces"][1];
+        assert_eq!(first["root_service"], "edge");
+        assert_eq!(first["root_name"], "POST /orders");
+        assert_eq!(first["outcome"], "exceeded");
+        assert_eq!(first["budget_ms"], 800.0);
+        assert_eq!(first["burner"]["service"], "billing");
+        assert_eq!(first["flag_counts"]["inflated"], 1);
+        assert_eq!(first["span_count"], 3);
+        assert_eq!(first["services"], serde_json::json!(["billing", "edge"]));
+        assert_eq!(all["next_cursor"], Value::Null);
+
+        for (query, expected) in [
+            ("service=inventory", vec![hex(1)]),
+            ("service=edge&operation=POST%20%2Forders", vec![hex(2)]),
+            ("operation=Charge", vec![hex(2)]),
+            ("service=edge&operation=Charge", vec![]),
+            ("flag=inflated", vec![hex(2)]),
+            ("outcome=ok", vec![hex(1)]),
+            ("outcome=no_budget", vec![hex(3)]),
+            ("min_duration_ms=1000", vec![hex(2)]),
+            ("max_duration_ms=100", vec![hex(3)]),
+            ("min_budget_ms=100&max_budget_ms=900", vec![hex(1), hex(2)]),
+            ("attr=http.response.status_code>=500", vec![hex(2), hex(3)]),
+            ("attr=http.request.method=POST", vec![hex(2)]),
+            ("attr=http.request.method!=POST", vec![hex(1)]),
+            (
+                "attr=http.response.status_code>=500&attr=http.request.method=POST",
+                vec![hex(2)],
+            ),
+            ("since=-8s", vec![hex(1), hex(2)]),
+            ("until=-8s", vec![hex(3)]),
+        ] {
+            let (status, body) = get_json(&server, &format!("/api/traces?{query}")).await;
+            assert_eq!(status, 200, "{query}: {body}");
+            assert_eq!(ids(&body), expected, "{} {query}", db.backend);
+        }
+
+        // Pages of one, following next_cursor.
+        let mut seen = Vec::new();
+        let mut query = "limit=1".to_string();
+        loop {
+            let (_, page) = get_json(&server, &format!("/api/traces?{query}")).await;
+            seen.extend(ids(&page));
+            match page["next_cursor"].as_str() {
+                Some(cursor) => query = format!("limit=1&cursor={cursor}"),
+                None => break,
+            }
+        }
+        assert_eq!(seen, [hex(1), hex(2), hex(3)], "{}", db.backend);
+
+        let (status, body) = get_json(&server, "/api/traces?flag=slow").await;
+        assert_eq!(status, 400);
+        assert_eq!(body["error"]["code"], "invalid_parameter");
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_span_re_analyses_its_trace() {
+    for db in TestDb::all().await {
+        let server = start(&db, &["--quiet-period", "100ms"]).await;
+        let spans = trace(
+            9,
+            r#"
+edge server "GET /" 0 300 budget=800
+  edge client "billing" 10 200 budget=5000
+"#,
+        );
+        let request = otlp_request(&spans, 1000);
+        // The root and its call first…
+        post_otlp(&server, &request).await;
+        let before = search_until(&server, "", 1).await;
+        assert_eq!(before["traces"][0]["span_count"], 2, "{}", db.backend);
+        // …then, later, the callee's span.
+        let mut late = trace(
+            9,
+            r#"
+edge server "GET /" 0 300 budget=800
+  edge client "billing" 10 200 budget=5000
+    billing server "Charge" 12 190 budget=5000
+"#,
+        );
+        let late_span = late.remove(2);
+        let mut late_request = otlp_request(
+            &spans.iter().cloned().chain([late_span]).collect::<Vec<_>>(),
+            1000,
+        );
+        for resource in &mut late_request.resource_spans {
+            for scope in &mut resource.scope_spans {
+                scope.spans.retain(|s| s.name == "Charge");
+            }
+        }
+        post_otlp(&server, &late_request).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, after) = get_json(&server, "/api/traces").await;
+            if after["traces"][0]["span_count"] == 3 {
+                assert_eq!(
+                    after["traces"][0]["services"],
+                    serde_json::json!(["billing", "edge"])
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: not re-analysed: {after}",
+                db.backend
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        server.shutdown().await;
+    }
+}
