@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::analyze::hops::samples;
 use crate::analyze::summary::summarize;
 use crate::analyze::{AnalyzeOptions, analyze};
 use crate::store::{Store, StoreError};
@@ -60,12 +61,13 @@ pub async fn index_quiet_traces(
                 continue; // Deleted by retention since it was marked: nothing to summarise.
             }
             let analyze_options = options.analyze.clone();
-            let summary = tokio::task::spawn_blocking(move || {
-                summarize(&spans, &analyze(&spans, &analyze_options))
+            let indexed = tokio::task::spawn_blocking(move || {
+                let analysis = analyze(&spans, &analyze_options);
+                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
             })
             .await
             .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
-            summaries.extend(summary);
+            summaries.extend(indexed);
         }
         store.write_summaries(&summaries, &marks).await?;
         done += marks.len();

@@ -15,6 +15,7 @@
 //! - Calls without an owner hop (a root CLIENT span) group their retries by parent span.
 
 pub mod fixture;
+pub mod hops;
 mod rules;
 mod skew;
 pub mod summary;
@@ -163,6 +164,8 @@ pub struct Row {
     pub span: usize,
     pub depth: usize,
     pub role: Role,
+    /// Span index of the owner hop: the nearest ancestor-or-self hop of the same service.
+    pub owner: Option<usize>,
     /// Start, relative to the trace's earliest span, after the display skew shift.
     pub start_offset_ms: f64,
     pub duration_ms: f64,

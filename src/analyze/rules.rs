@@ -485,6 +485,7 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
             span: i,
             depth: tree.depth[i],
             role: tree.role[i],
+            owner: tree.owner[i],
             start_offset_ms: tree.start_ms[i],
             duration_ms: facts.duration[i],
             budget_ms: facts.budget[i],

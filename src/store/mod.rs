@@ -7,6 +7,7 @@
 
 pub mod postgres;
 pub mod query;
+pub mod rollup;
 pub mod sqlite;
 
 use std::sync::Arc;
@@ -14,10 +15,12 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
+use crate::analyze::hops::HopSample;
 use crate::analyze::summary::TraceSummary;
 use crate::codec;
 use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 use query::TraceQuery;
+use rollup::HopRollupRow;
 
 /// What can go wrong in a store. Messages are for logs; the web and receiver layers map
 /// these to their own responses and never show database text to clients.
@@ -91,13 +94,23 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<(TraceId, i64)>, StoreError>;
 
-    /// Upserts summaries and clears each analysed trace's mark unless a span arrived since
-    /// (its mark changed), in which case the trace will be analysed again.
+    /// Upserts summaries, replaces each trace's contribution to the hop rollups, and clears
+    /// each analysed trace's mark unless a span arrived since (its mark changed), in which
+    /// case the trace will be analysed again. One transaction.
     async fn write_summaries(
         &self,
-        summaries: &[TraceSummary],
+        traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
     ) -> Result<(), StoreError>;
+
+    /// Hop rollups for minutes in `[since, until)`, optionally of one service or operation.
+    async fn hop_rollups(
+        &self,
+        since_unix_nano: u64,
+        until_unix_nano: u64,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<HopRollupRow>, StoreError>;
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;

@@ -18,13 +18,20 @@ use super::query::{
     AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
     flag_needle, operation_needle, service_needle,
 };
+use super::rollup::{
+    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS,
+    add_samples, encode_counts,
+};
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     decode_operations, decode_rows,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
+use crate::analyze::hops::HopSample;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
+use sqlx::AssertSqlSafe;
+use std::collections::BTreeMap;
 
 /// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
 const ROWS_PER_STATEMENT: usize = 1000;
@@ -277,14 +284,20 @@ impl Store for SqliteStore {
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(
-            "DELETE FROM trace_summaries WHERE rowid IN \
-             (SELECT rowid FROM trace_summaries WHERE start_unix_nano < ? LIMIT ?)",
-        )
-        .bind(cutoff)
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?;
+        for table in ["trace_summaries", "trace_hops"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE rowid IN \
+                 (SELECT rowid FROM {table} WHERE start_unix_nano < ? LIMIT ?)"
+            )))
+            .bind(cutoff)
+            .bind(i64::from(limit))
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("DELETE FROM hop_rollups WHERE minute_unix_nano < ?")
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(deleted)
     }
@@ -314,10 +327,13 @@ impl Store for SqliteStore {
 
     async fn write_summaries(
         &self,
-        summaries: &[TraceSummary],
+        traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
     ) -> Result<(), StoreError> {
-        let rows: Vec<SummaryRow> = summaries.iter().map(encode_summary).collect();
+        let rows: Vec<SummaryRow> = traces
+            .iter()
+            .map(|(summary, _)| encode_summary(summary))
+            .collect();
         let mut tx = self.writer.begin().await?;
         for chunk in rows.chunks(500) {
             let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
@@ -343,6 +359,85 @@ impl Store for SqliteStore {
             upsert.push(SUMMARY_UPSERT);
             upsert.build().execute(&mut *tx).await?;
         }
+        // Each trace's hops replace what the trace contributed before (a late span).
+        let mut deltas = BTreeMap::new();
+        for (summary, hops) in traces {
+            let id = summary.trace_id.0.as_slice();
+            let old: Vec<StoredTraceHop> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id = ?"
+            )))
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+            let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
+            add_samples(&mut deltas, &old, -1);
+            add_samples(&mut deltas, hops, 1);
+            sqlx::query("DELETE FROM trace_hops WHERE trace_id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            for chunk in hops.chunks(1000) {
+                let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                    "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
+                ));
+                insert.push_values(chunk, |mut b, hop| {
+                    b.push_bind(id)
+                        .push_bind(hop.service.as_str())
+                        .push_bind(hop.operation.as_str())
+                        .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
+                        .push_bind(hop.budget_ms)
+                        .push_bind(hop.burn)
+                        .push_bind(hop.self_ms)
+                        .push_bind(encode_counts(&hop.counts))
+                        .push_bind(hop.wasted_ms);
+                });
+                insert.build().execute(&mut *tx).await?;
+            }
+        }
+        for ((service, operation, minute), delta) in deltas {
+            let minute = i64::try_from(minute).unwrap_or(i64::MAX);
+            let existing: Option<StoredRollup> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups \
+                 WHERE service = ? AND operation = ? AND minute_unix_nano = ?"
+            )))
+            .bind(&service)
+            .bind(&operation)
+            .bind(minute)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let mut rollup = existing.map(|r| r.decode().rollup).unwrap_or_default();
+            rollup.merge(&delta);
+            if rollup.requests <= 0 {
+                sqlx::query(
+                    "DELETE FROM hop_rollups WHERE service = ? AND operation = ? AND minute_unix_nano = ?",
+                )
+                .bind(&service)
+                .bind(&operation)
+                .bind(minute)
+                .execute(&mut *tx)
+                .await?;
+                continue;
+            }
+            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) VALUES ("
+            ));
+            let mut values = upsert.separated(", ");
+            values
+                .push_bind(&service)
+                .push_bind(&operation)
+                .push_bind(minute)
+                .push_bind(rollup.requests);
+            for count in rollup.counts {
+                values.push_bind(count);
+            }
+            values
+                .push_bind(rollup.wasted_ms)
+                .push_bind(rollup.budget.encode())
+                .push_bind(rollup.burn.encode())
+                .push_bind(rollup.self_ms.encode());
+            upsert.push(")").push(ROLLUP_UPSERT);
+            upsert.build().persistent(true).execute(&mut *tx).await?;
+        }
         for (trace_id, mark) in analysed {
             sqlx::query("DELETE FROM dirty_traces WHERE trace_id = ? AND received_unix_nano = ?")
                 .bind(trace_id.0.as_slice())
@@ -352,6 +447,30 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn hop_rollups(
+        &self,
+        since_unix_nano: u64,
+        until_unix_nano: u64,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<HopRollupRow>, StoreError> {
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+            "SELECT {ROLLUP_COLUMNS} FROM hop_rollups WHERE minute_unix_nano >= "
+        ));
+        q.push_bind(i64::try_from(since_unix_nano).unwrap_or(i64::MAX))
+            .push(" AND minute_unix_nano < ")
+            .push_bind(i64::try_from(until_unix_nano).unwrap_or(i64::MAX));
+        if let Some(service) = service {
+            q.push(" AND service = ").push_bind(service.to_string());
+        }
+        if let Some(operation) = operation {
+            q.push(" AND operation = ").push_bind(operation.to_string());
+        }
+        q.push(" ORDER BY service, operation, minute_unix_nano");
+        let rows: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.reader).await?;
+        Ok(rows.into_iter().map(StoredRollup::decode).collect())
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod error;
+pub mod hops;
 pub mod search;
 
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(api::readyz))
         .route("/api/traces", get(search::search))
         .route("/api/traces/{trace_id}", get(api::trace))
+        .route("/api/hops", get(hops::hops))
+        .route("/api/hops/{service}/{operation}/series", get(hops::series))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
         .fallback(api::not_found)
