@@ -38,6 +38,22 @@ pub enum BenchCommand {
     Ingest(IngestBench),
     /// Analysis time for one trace of each size, against indexing and sorting its spans.
     Analyze(AnalyzeBench),
+    /// Trace fetch, search and hop statistics on a filled store, against a raw scan.
+    Query(QueryBench),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct QueryBench {
+    /// Database for the run: "sqlite" (a fresh file in a temp dir) or a postgres:// URL
+    /// (a fresh schema, dropped afterwards).
+    #[arg(long, default_value = "sqlite")]
+    pub db: String,
+    /// Spans to store, spread over the last 24 hours.
+    #[arg(long, default_value = "1000000")]
+    pub spans: usize,
+    /// Timed requests per measurement.
+    #[arg(long, default_value = "100")]
+    pub runs: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -91,6 +107,7 @@ pub struct IngestBench {
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(bench) => ingest(bench).await,
+        BenchCommand::Query(bench) => query_bench(bench).await,
         BenchCommand::Analyze(bench) => {
             tokio::task::spawn_blocking(move || analyze_bench(&bench)).await?;
             Ok(())
@@ -502,6 +519,14 @@ impl BenchDatabases {
         Ok(())
     }
 
+    async fn raw_scanner(&self, url: &str) -> anyhow::Result<RawScanner> {
+        Ok(if self.is_postgres() {
+            RawScanner::Postgres(store::postgres::PostgresStore::connect(url).await?)
+        } else {
+            RawScanner::Sqlite(store::sqlite::SqliteStore::connect(url).await?)
+        })
+    }
+
     async fn copy_rows(&self, url: &str, rows: &[store::SpanRow]) -> anyhow::Result<()> {
         let store = store::postgres::PostgresStore::connect(url).await?;
         store.copy_rows(rows).await?;
@@ -516,6 +541,21 @@ impl BenchDatabases {
                 }
             }
         }
+    }
+}
+
+/// The raw-scan baseline's own connection to the benchmark database.
+enum RawScanner {
+    Sqlite(store::sqlite::SqliteStore),
+    Postgres(store::postgres::PostgresStore),
+}
+
+impl RawScanner {
+    async fn scan(&self, since: u64, until: u64) -> anyhow::Result<usize> {
+        Ok(match self {
+            RawScanner::Sqlite(store) => store.raw_hop_scan(since, until).await?,
+            RawScanner::Postgres(store) => store.raw_hop_scan(since, until).await?,
+        })
     }
 }
 
@@ -633,7 +673,17 @@ impl ChildServer {
 
 /// Generates traces shaped like real request chains: an edge service calls 2–4 downstream
 /// services in a chain, each hop receiving its remaining budget and forwarding less.
+/// Traces start within the last minute.
 pub fn generate(total_spans: usize, batch: usize) -> Vec<ExportTraceServiceRequest> {
+    generate_over(total_spans, batch, Duration::from_secs(60))
+}
+
+/// Traces start at random times within `spread` before now.
+pub fn generate_over(
+    total_spans: usize,
+    batch: usize,
+    spread: Duration,
+) -> Vec<ExportTraceServiceRequest> {
     const SERVICES: [&str; 6] = [
         "edge",
         "checkout",
@@ -650,7 +700,7 @@ pub fn generate(total_spans: usize, batch: usize) -> Vec<ExportTraceServiceReque
     let mut spans: Vec<(usize, Span)> = Vec::with_capacity(total_spans);
     while spans.len() < total_spans {
         let trace_id: [u8; 16] = rng.random();
-        let mut start = now - rng.random_range(0..60_000_000_000u64);
+        let mut start = now - rng.random_range(0..(spread.as_nanos() as u64).max(1));
         let mut budget: f64 = rng.random_range(300.0..2000.0);
         let mut parent: Vec<u8> = Vec::new();
         let hops = rng.random_range(3..=5);
@@ -998,4 +1048,183 @@ pub fn large_trace(size: usize) -> Vec<crate::model::Span> {
         }
     }
     spans
+}
+
+/// Fills a fresh store, indexes it with the background analyzer's code, then times the
+/// API through the real router (no network): server time per request.
+async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
+    use crate::analyze::AnalyzeOptions;
+    use crate::indexer::{IndexerOptions, index_pass};
+    use tower::ServiceExt as _;
+
+    let databases = BenchDatabases::new(&bench.db).await?;
+    let url = databases.fresh("query").await?;
+    let store = store::open(&url).await?;
+    let options = NormalizeOptions {
+        budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+    };
+    let day = Duration::from_secs(86_400);
+
+    // 1. Spans, in chunks so memory stays flat.
+    let started = Instant::now();
+    let mut written = 0usize;
+    while written < bench.spans {
+        let chunk = (bench.spans - written).min(100_000);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+        let spans: Vec<_> = generate_over(chunk, 512, day)
+            .into_iter()
+            .flat_map(|r| normalize(r, &options, now).spans)
+            .collect();
+        for batch in spans.chunks(20_000) {
+            store.write_spans(batch).await?;
+        }
+        written += chunk;
+        eprintln!(
+            "  stored {written}/{} spans ({:.0} spans/s)",
+            bench.spans,
+            written as f64 / started.elapsed().as_secs_f64()
+        );
+    }
+    // 200 traces of 100 spans, for the trace-fetch target.
+    let mut fat_ids = Vec::new();
+    for i in 0..200u32 {
+        let mut trace = large_trace(100);
+        let id = crate::model::TraceId(rand::rng().random());
+        for span in &mut trace {
+            span.trace_id = id;
+            span.start_unix_nano -= u64::from(i) * 400_000_000_000;
+            span.end_unix_nano -= u64::from(i) * 400_000_000_000;
+        }
+        store.write_spans(&trace).await?;
+        fat_ids.push(id);
+    }
+    let fill_seconds = started.elapsed().as_secs_f64();
+
+    // 2. Summaries and rollups, through the background analyzer's pass.
+    let started = Instant::now();
+    let indexer = IndexerOptions {
+        quiet_period: Duration::ZERO,
+        analyze: AnalyzeOptions::default(),
+    };
+    let mut traces = 0usize;
+    let mut last_report = Instant::now();
+    loop {
+        let done = index_pass(store.as_ref(), &indexer).await?;
+        traces += done;
+        if last_report.elapsed() > Duration::from_secs(2) {
+            eprintln!(
+                "  summarised {traces} traces ({:.0} traces/s)",
+                traces as f64 / started.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+        if done == 0 {
+            break;
+        }
+    }
+    let index_seconds = started.elapsed().as_secs_f64();
+
+    // 3. Queries through the router.
+    let app = crate::web::app(crate::web::AppState {
+        store: store.clone(),
+        analyze: AnalyzeOptions::default(),
+    });
+    let time = |uri: String| {
+        let app = app.clone();
+        async move {
+            let started = Instant::now();
+            let response = app
+                .oneshot(axum::http::Request::get(uri.as_str()).body(axum::body::Body::empty())?)
+                .await?;
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+            let elapsed = started.elapsed().as_secs_f64() * 1e3;
+            if !status.is_success() {
+                bail!(
+                    "{uri} answered {status}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            anyhow::Ok(elapsed)
+        }
+    };
+    let percentiles = |mut times: Vec<f64>| {
+        times.sort_by(f64::total_cmp);
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        (at(0.5), at(0.95), at(0.99))
+    };
+    println!(
+        "## queries on {} spans ({}), {} runs each",
+        bench.spans + 20_000,
+        databases.backend(),
+        bench.runs
+    );
+    println!(
+        "fill: {:.0} spans/s; background analyzer: {traces} traces in {index_seconds:.1} s ({:.0} traces/s)",
+        (bench.spans + 20_000) as f64 / fill_seconds,
+        traces as f64 / index_seconds
+    );
+    println!("| request | p50 ms | p95 ms | p99 ms |\n|---|---|---|---|");
+    let mut trace_times = Vec::new();
+    for run in 0..bench.runs {
+        trace_times.push(time(format!("/api/traces/{}", fat_ids[run % fat_ids.len()])).await?);
+    }
+    let (p50, p95, p99) = percentiles(trace_times);
+    println!(
+        "| GET /api/traces/{{id}} (100-span trace, with analysis) | {p50:.2} | {p95:.2} | {p99:.2} |"
+    );
+    let searches = [
+        "",
+        "service=inventory",
+        "service=billing&operation=POST%20%2Fapi%2Fv1%2Fbilling%2F%7Bid%7D",
+        "flag=inflated",
+        "outcome=exceeded",
+        "min_duration_ms=100",
+        "since=-1h",
+        "min_budget_ms=1500&limit=50",
+        "attr=http.response.status_code%3E%3D500",
+    ];
+    let mut all_search = Vec::new();
+    for query in searches {
+        let mut times = Vec::new();
+        for _ in 0..bench.runs.div_ceil(4).max(5) {
+            times.push(time(format!("/api/traces?{query}")).await?);
+        }
+        all_search.extend(times.iter().copied());
+        let (p50, p95, p99) = percentiles(times);
+        println!(
+            "| GET /api/traces?{} | {p50:.2} | {p95:.2} | {p99:.2} |",
+            if query.is_empty() {
+                "(no filter)"
+            } else {
+                query
+            }
+        );
+    }
+    let (p50, p95, p99) = percentiles(all_search);
+    println!("| **search, all of the above** | {p50:.2} | **{p95:.2}** | {p99:.2} |");
+    let mut hop_times = Vec::new();
+    for _ in 0..bench.runs.div_ceil(4).max(5) {
+        hop_times.push(time("/api/hops?since=-24h".to_string()).await?);
+    }
+    let (hops_p50, p95, p99) = percentiles(hop_times);
+    println!("| GET /api/hops?since=-24h (rollups) | {hops_p50:.2} | {p95:.2} | {p99:.2} |");
+    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let mut raw_times = Vec::new();
+    let scanner = databases.raw_scanner(&url).await?;
+    for _ in 0..5 {
+        let started = Instant::now();
+        scanner.scan(now - day.as_nanos() as u64, now + 1).await?;
+        raw_times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    let (raw_p50, _, _) = percentiles(raw_times);
+    println!(
+        "| baseline: raw scan of the same 24 h of spans (GROUP BY service, name) | {raw_p50:.2} | | |"
+    );
+    println!(
+        "| hops (rollups) ÷ raw scan, medians | {:.3} | | |",
+        hops_p50 / raw_p50
+    );
+    databases.cleanup().await;
+    Ok(())
 }

@@ -6,6 +6,7 @@
 //! being analysed marks it again and the trace is analysed once more. Marks live in the
 //! database, so traces committed before a restart are summarised after it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::analyze::hops::samples;
 use crate::analyze::summary::summarize;
 use crate::analyze::{AnalyzeOptions, analyze};
+use crate::model::{Span, TraceId};
 use crate::store::{Store, StoreError};
 
 /// Traces analysed per pass (one transaction of summaries).
@@ -48,32 +50,47 @@ pub async fn index_quiet_traces(
 ) -> Result<usize, StoreError> {
     let mut done = 0;
     while !stop.is_cancelled() {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let cutoff = now.saturating_sub(options.quiet_period.as_nanos() as u64);
-        let marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
-        let mut summaries = Vec::with_capacity(marks.len());
-        for (trace_id, _) in &marks {
-            let spans = store.trace(*trace_id).await?;
-            if spans.is_empty() {
-                continue; // Deleted by retention since it was marked: nothing to summarise.
-            }
-            let analyze_options = options.analyze.clone();
-            let indexed = tokio::task::spawn_blocking(move || {
-                let analysis = analyze(&spans, &analyze_options);
-                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
-            })
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
-            summaries.extend(indexed);
-        }
-        store.write_summaries(&summaries, &marks).await?;
-        done += marks.len();
-        if marks.len() < PASS_SIZE as usize {
+        let analysed = index_pass(store, options).await?;
+        done += analysed;
+        if analysed < PASS_SIZE as usize {
             break;
         }
     }
     Ok(done)
+}
+
+/// One pass: summarises up to `PASS_SIZE` quiet traces in one transaction; returns how many.
+pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<usize, StoreError> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let cutoff = now.saturating_sub(options.quiet_period.as_nanos() as u64);
+    let marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
+    if marks.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
+    let spans = store.traces(&ids).await?;
+    let analyze_options = options.analyze.clone();
+    // One blocking task for the pass: group by trace, analyse, summarise. A trace deleted
+    // by retention since it was marked has no spans and no summary; its mark is cleared.
+    let summaries = tokio::task::spawn_blocking(move || {
+        let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
+        for span in spans {
+            by_trace.entry(span.trace_id).or_default().push(span);
+        }
+        by_trace
+            .into_values()
+            .filter_map(|mut spans| {
+                spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
+                let analysis = analyze(&spans, &analyze_options);
+                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
+    store.write_summaries(&summaries, &marks).await?;
+    Ok(marks.len())
 }

@@ -73,6 +73,9 @@ pub trait Store: Send + Sync + 'static {
     /// All spans of a trace, ordered by start time; empty when unknown.
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError>;
 
+    /// All spans of several traces (for the background analyzer), in no particular order.
+    async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError>;
+
     /// Service names, sorted.
     async fn services(&self) -> Result<Vec<String>, StoreError>;
 

@@ -21,11 +21,12 @@ use super::query::{
     flag_needle, operation_needle, service_needle,
 };
 use super::rollup::{
-    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS,
-    add_samples, encode_counts,
+    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
+    TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
 use crate::analyze::hops::HopSample;
+use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use sqlx::AssertSqlSafe;
@@ -64,6 +65,21 @@ impl PostgresStore {
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
         Ok(PostgresStore { pool })
+    }
+
+    /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
+    /// scanning the spans of the range instead of reading rollups.
+    pub(crate) async fn raw_hop_scan(&self, since: u64, until: u64) -> Result<usize, StoreError> {
+        let rows: Vec<(String, String, i64, Option<f64>)> = sqlx::query_as(
+            "SELECT service, name, count(*), avg(budget_ms) FROM spans \
+             WHERE kind IN (2, 5) AND start_unix_nano >= $1 AND start_unix_nano < $2 \
+             GROUP BY service, name",
+        )
+        .bind(i64::try_from(since).unwrap_or(i64::MAX))
+        .bind(i64::try_from(until).unwrap_or(i64::MAX))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.len())
     }
 
     /// Inserts already-encoded rows in one transaction.
@@ -235,6 +251,17 @@ impl Store for PostgresStore {
         decode_rows(rows)
     }
 
+    async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
+        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
+        let rows: Vec<StoredRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = ANY($1)"
+        )))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        decode_rows(rows)
+    }
+
     async fn services(&self) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
@@ -349,91 +376,102 @@ impl Store for PostgresStore {
         }
         // Each trace's hops replace what the trace contributed before (a late span).
         let mut deltas = BTreeMap::new();
-        for (summary, hops) in traces {
-            let id = summary.trace_id.0.to_vec();
-            let old: Vec<StoredTraceHop> = sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id = $1"
-            )))
-            .bind(&id)
-            .fetch_all(&mut *tx)
+        let ids: Vec<Vec<u8>> = analysed.iter().map(|(id, _)| id.0.to_vec()).collect();
+        let old: Vec<StoredTraceHop> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id = ANY($1)"
+        )))
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
+        add_samples(&mut deltas, &old, -1);
+        sqlx::query("DELETE FROM trace_hops WHERE trace_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
             .await?;
-            let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
-            add_samples(&mut deltas, &old, -1);
+        let new_hops: Vec<(Vec<u8>, &HopSample)> = traces
+            .iter()
+            .flat_map(|(summary, hops)| {
+                hops.iter()
+                    .map(move |hop| (summary.trace_id.0.to_vec(), hop))
+            })
+            .collect();
+        for (_, hops) in traces {
             add_samples(&mut deltas, hops, 1);
-            sqlx::query("DELETE FROM trace_hops WHERE trace_id = $1")
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?;
-            if !hops.is_empty() {
-                let mut insert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                    "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
-                ));
-                insert.push_values(hops, |mut b, hop| {
-                    b.push_bind(id.clone())
-                        .push_bind(hop.service.clone())
-                        .push_bind(hop.operation.clone())
-                        .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
-                        .push_bind(hop.budget_ms)
-                        .push_bind(hop.burn)
-                        .push_bind(hop.self_ms)
-                        .push_bind(encode_counts(&hop.counts))
-                        .push_bind(hop.wasted_ms);
-                });
-                insert.build().execute(&mut *tx).await?;
-            }
         }
-        // Keys are sorted (BTreeMap), so concurrent writers lock rollup rows in one order.
-        for ((service, operation, minute), delta) in deltas {
-            let minute = i64::try_from(minute).unwrap_or(i64::MAX);
-            let existing: Option<StoredRollup> = sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups \
-                 WHERE service = $1 AND operation = $2 AND minute_unix_nano = $3 FOR UPDATE"
-            )))
-            .bind(&service)
-            .bind(&operation)
-            .bind(minute)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let mut rollup = existing.map(|r| r.decode().rollup).unwrap_or_default();
-            rollup.merge(&delta);
-            if rollup.requests <= 0 {
-                sqlx::query(
-                    "DELETE FROM hop_rollups WHERE service = $1 AND operation = $2 AND minute_unix_nano = $3",
-                )
-                .bind(&service)
-                .bind(&operation)
-                .bind(minute)
-                .execute(&mut *tx)
-                .await?;
-                continue;
-            }
-            let mut upsert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                "INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) VALUES ("
+        for chunk in new_hops.chunks(5000) {
+            let mut insert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+                "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
             ));
-            let mut values = upsert.separated(", ");
-            values
-                .push_bind(service.clone())
-                .push_bind(operation.clone())
-                .push_bind(minute)
-                .push_bind(rollup.requests);
-            for count in rollup.counts {
-                values.push_bind(count);
+            insert.push_values(chunk, |mut b, (id, hop)| {
+                b.push_bind(id.clone())
+                    .push_bind(hop.service.clone())
+                    .push_bind(hop.operation.clone())
+                    .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
+                    .push_bind(hop.budget_ms)
+                    .push_bind(hop.burn)
+                    .push_bind(hop.self_ms)
+                    .push_bind(encode_counts(&hop.counts))
+                    .push_bind(hop.wasted_ms);
+            });
+            insert.build().execute(&mut *tx).await?;
+        }
+        // Keys are sorted (BTreeMap): rows are locked FOR UPDATE before they are changed, so
+        // several servers sharing the database do not lose each other's counts.
+        let deltas: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
+        for chunk in deltas.chunks(2000) {
+            let mut select: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN ("
+            ));
+            select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
+                b.push_bind(service.clone())
+                    .push_bind(operation.clone())
+                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+            });
+            select.push(") ORDER BY service, operation, minute_unix_nano FOR UPDATE");
+            let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *tx).await?;
+            let (keep, gone) = apply_deltas(existing, chunk);
+            if !gone.is_empty() {
+                let mut delete: QueryBuilder<Postgres> = QueryBuilder::new(
+                    "DELETE FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN (",
+                );
+                delete.push_values(&gone, |mut b, (service, operation, minute)| {
+                    b.push_bind(service.clone())
+                        .push_bind(operation.clone())
+                        .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+                });
+                delete.push(")");
+                delete.build().execute(&mut *tx).await?;
             }
-            values
-                .push_bind(rollup.wasted_ms)
-                .push_bind(rollup.budget.encode())
-                .push_bind(rollup.burn.encode())
-                .push_bind(rollup.self_ms.encode());
-            upsert.push(")").push(ROLLUP_UPSERT);
-            upsert.build().execute(&mut *tx).await?;
+            if !keep.is_empty() {
+                let mut upsert: QueryBuilder<Postgres> =
+                    QueryBuilder::new(format!("INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) "));
+                upsert.push_values(&keep, |mut b, row| {
+                    b.push_bind(row.service.clone())
+                        .push_bind(row.operation.clone())
+                        .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
+                        .push_bind(row.rollup.requests);
+                    for count in row.rollup.counts {
+                        b.push_bind(count);
+                    }
+                    b.push_bind(row.rollup.wasted_ms)
+                        .push_bind(row.rollup.budget.encode())
+                        .push_bind(row.rollup.burn.encode())
+                        .push_bind(row.rollup.self_ms.encode());
+                });
+                upsert.push(ROLLUP_UPSERT);
+                upsert.build().execute(&mut *tx).await?;
+            }
         }
-        for (trace_id, mark) in analysed {
-            sqlx::query("DELETE FROM dirty_traces WHERE trace_id = $1 AND received_unix_nano = $2")
-                .bind(trace_id.0.as_slice())
-                .bind(*mark)
-                .execute(&mut *tx)
-                .await?;
-        }
+        let marks: Vec<i64> = analysed.iter().map(|(_, mark)| *mark).collect();
+        sqlx::query(
+            "DELETE FROM dirty_traces d USING UNNEST($1::bytea[], $2::int8[]) AS m(id, mark) \
+             WHERE d.trace_id = m.id AND d.received_unix_nano = m.mark",
+        )
+        .bind(&ids)
+        .bind(&marks)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(())
     }

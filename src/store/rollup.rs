@@ -132,3 +132,37 @@ pub(crate) fn add_samples(
         deltas.entry(key).or_default().add(sample, weight);
     }
 }
+
+/// Merges deltas into the existing rows of their keys: rows that still count requests (to
+/// upsert) and keys whose rollup fell to zero (to delete).
+pub(crate) fn apply_deltas(
+    existing: Vec<StoredRollup>,
+    deltas: &[(RollupKey, Rollup)],
+) -> (Vec<HopRollupRow>, Vec<RollupKey>) {
+    let mut current: BTreeMap<RollupKey, Rollup> = existing
+        .into_iter()
+        .map(StoredRollup::decode)
+        .map(|row| {
+            (
+                (row.service, row.operation, row.minute_unix_nano),
+                row.rollup,
+            )
+        })
+        .collect();
+    let (mut keep, mut gone) = (Vec::new(), Vec::new());
+    for (key, delta) in deltas {
+        let mut rollup = current.remove(key).unwrap_or_default();
+        rollup.merge(delta);
+        if rollup.requests <= 0 {
+            gone.push(key.clone());
+        } else {
+            keep.push(HopRollupRow {
+                service: key.0.clone(),
+                operation: key.1.clone(),
+                minute_unix_nano: key.2,
+                rollup,
+            });
+        }
+    }
+    (keep, gone)
+}

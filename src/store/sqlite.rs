@@ -19,8 +19,8 @@ use super::query::{
     flag_needle, operation_needle, service_needle,
 };
 use super::rollup::{
-    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS,
-    add_samples, encode_counts,
+    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
+    TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
 };
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
@@ -28,6 +28,7 @@ use super::{
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
 use crate::analyze::hops::HopSample;
+use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use sqlx::AssertSqlSafe;
@@ -114,6 +115,21 @@ impl SqliteStore {
             reader,
             _checkpointer: checkpointer,
         })
+    }
+
+    /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
+    /// scanning the spans of the range instead of reading rollups.
+    pub(crate) async fn raw_hop_scan(&self, since: u64, until: u64) -> Result<usize, StoreError> {
+        let rows: Vec<(String, String, i64, Option<f64>)> = sqlx::query_as(
+            "SELECT service, name, count(*), avg(budget_ms) FROM spans \
+             WHERE kind IN (2, 5) AND start_unix_nano >= ? AND start_unix_nano < ? \
+             GROUP BY service, name",
+        )
+        .bind(i64::try_from(since).unwrap_or(i64::MAX))
+        .bind(i64::try_from(until).unwrap_or(i64::MAX))
+        .fetch_all(&self.reader)
+        .await?;
+        Ok(rows.len())
     }
 
     /// Inserts already-encoded rows in one transaction (also the benchmark's raw ceiling).
@@ -250,6 +266,23 @@ impl Store for SqliteStore {
         decode_rows(rows)
     }
 
+    async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
+        let mut spans = Vec::new();
+        for chunk in trace_ids.chunks(500) {
+            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
+            ));
+            let mut ids = q.separated(", ");
+            for id in chunk {
+                ids.push_bind(id.0.to_vec());
+            }
+            ids.push_unseparated(")");
+            let rows: Vec<StoredRow> = q.build_query_as().fetch_all(&self.reader).await?;
+            spans.extend(decode_rows(rows)?);
+        }
+        Ok(spans)
+    }
+
     async fn services(&self) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
@@ -361,89 +394,110 @@ impl Store for SqliteStore {
         }
         // Each trace's hops replace what the trace contributed before (a late span).
         let mut deltas = BTreeMap::new();
-        for (summary, hops) in traces {
-            let id = summary.trace_id.0.as_slice();
-            let old: Vec<StoredTraceHop> = sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id = ?"
-            )))
-            .bind(id)
-            .fetch_all(&mut *tx)
-            .await?;
-            let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
-            add_samples(&mut deltas, &old, -1);
-            add_samples(&mut deltas, hops, 1);
-            sqlx::query("DELETE FROM trace_hops WHERE trace_id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            for chunk in hops.chunks(1000) {
-                let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                    "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
-                ));
-                insert.push_values(chunk, |mut b, hop| {
-                    b.push_bind(id)
-                        .push_bind(hop.service.as_str())
-                        .push_bind(hop.operation.as_str())
-                        .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
-                        .push_bind(hop.budget_ms)
-                        .push_bind(hop.burn)
-                        .push_bind(hop.self_ms)
-                        .push_bind(encode_counts(&hop.counts))
-                        .push_bind(hop.wasted_ms);
-                });
-                insert.build().execute(&mut *tx).await?;
-            }
-        }
-        for ((service, operation, minute), delta) in deltas {
-            let minute = i64::try_from(minute).unwrap_or(i64::MAX);
-            let existing: Option<StoredRollup> = sqlx::query_as(AssertSqlSafe(format!(
-                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups \
-                 WHERE service = ? AND operation = ? AND minute_unix_nano = ?"
-            )))
-            .bind(&service)
-            .bind(&operation)
-            .bind(minute)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let mut rollup = existing.map(|r| r.decode().rollup).unwrap_or_default();
-            rollup.merge(&delta);
-            if rollup.requests <= 0 {
-                sqlx::query(
-                    "DELETE FROM hop_rollups WHERE service = ? AND operation = ? AND minute_unix_nano = ?",
-                )
-                .bind(&service)
-                .bind(&operation)
-                .bind(minute)
-                .execute(&mut *tx)
-                .await?;
-                continue;
-            }
-            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) VALUES ("
+        let ids: Vec<&[u8]> = analysed.iter().map(|(id, _)| id.0.as_slice()).collect();
+        for chunk in ids.chunks(500) {
+            let mut old: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN ("
             ));
-            let mut values = upsert.separated(", ");
-            values
-                .push_bind(&service)
-                .push_bind(&operation)
-                .push_bind(minute)
-                .push_bind(rollup.requests);
-            for count in rollup.counts {
-                values.push_bind(count);
+            let mut list = old.separated(", ");
+            for id in chunk {
+                list.push_bind(*id);
             }
-            values
-                .push_bind(rollup.wasted_ms)
-                .push_bind(rollup.budget.encode())
-                .push_bind(rollup.burn.encode())
-                .push_bind(rollup.self_ms.encode());
-            upsert.push(")").push(ROLLUP_UPSERT);
-            upsert.build().persistent(true).execute(&mut *tx).await?;
+            list.push_unseparated(")");
+            let rows: Vec<StoredTraceHop> = old.build_query_as().fetch_all(&mut *tx).await?;
+            let rows: Vec<HopSample> = rows.into_iter().map(StoredTraceHop::decode).collect();
+            add_samples(&mut deltas, &rows, -1);
+
+            let mut delete: QueryBuilder<Sqlite> =
+                QueryBuilder::new("DELETE FROM trace_hops WHERE trace_id IN (");
+            let mut list = delete.separated(", ");
+            for id in chunk {
+                list.push_bind(*id);
+            }
+            list.push_unseparated(")");
+            delete.build().execute(&mut *tx).await?;
         }
-        for (trace_id, mark) in analysed {
-            sqlx::query("DELETE FROM dirty_traces WHERE trace_id = ? AND received_unix_nano = ?")
-                .bind(trace_id.0.as_slice())
-                .bind(*mark)
-                .execute(&mut *tx)
-                .await?;
+        let new_hops: Vec<(&[u8], &HopSample)> = traces
+            .iter()
+            .flat_map(|(summary, hops)| {
+                hops.iter()
+                    .map(move |hop| (summary.trace_id.0.as_slice(), hop))
+            })
+            .collect();
+        for (_, hops) in traces {
+            add_samples(&mut deltas, hops, 1);
+        }
+        for chunk in new_hops.chunks(1000) {
+            let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
+            ));
+            insert.push_values(chunk, |mut b, (id, hop)| {
+                b.push_bind(*id)
+                    .push_bind(hop.service.as_str())
+                    .push_bind(hop.operation.as_str())
+                    .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
+                    .push_bind(hop.budget_ms)
+                    .push_bind(hop.burn)
+                    .push_bind(hop.self_ms)
+                    .push_bind(encode_counts(&hop.counts))
+                    .push_bind(hop.wasted_ms);
+            });
+            insert.build().execute(&mut *tx).await?;
+        }
+        let deltas: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
+        for chunk in deltas.chunks(300) {
+            let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN ("
+            ));
+            select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
+                b.push_bind(service.as_str())
+                    .push_bind(operation.as_str())
+                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+            });
+            select.push(")");
+            let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *tx).await?;
+            let (keep, gone) = apply_deltas(existing, chunk);
+            if !gone.is_empty() {
+                let mut delete: QueryBuilder<Sqlite> = QueryBuilder::new(
+                    "DELETE FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN (",
+                );
+                delete.push_values(&gone, |mut b, (service, operation, minute)| {
+                    b.push_bind(service.as_str())
+                        .push_bind(operation.as_str())
+                        .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+                });
+                delete.push(")");
+                delete.build().execute(&mut *tx).await?;
+            }
+            if !keep.is_empty() {
+                let mut upsert: QueryBuilder<Sqlite> =
+                    QueryBuilder::new(format!("INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) "));
+                upsert.push_values(&keep, |mut b, row| {
+                    b.push_bind(row.service.as_str())
+                        .push_bind(row.operation.as_str())
+                        .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
+                        .push_bind(row.rollup.requests);
+                    for count in row.rollup.counts {
+                        b.push_bind(count);
+                    }
+                    b.push_bind(row.rollup.wasted_ms)
+                        .push_bind(row.rollup.budget.encode())
+                        .push_bind(row.rollup.burn.encode())
+                        .push_bind(row.rollup.self_ms.encode());
+                });
+                upsert.push(ROLLUP_UPSERT);
+                upsert.build().execute(&mut *tx).await?;
+            }
+        }
+        for chunk in analysed.chunks(500) {
+            let mut clear: QueryBuilder<Sqlite> = QueryBuilder::new(
+                "DELETE FROM dirty_traces WHERE (trace_id, received_unix_nano) IN (",
+            );
+            clear.push_values(chunk, |mut b, (id, mark)| {
+                b.push_bind(id.0.as_slice()).push_bind(*mark);
+            });
+            clear.push(")");
+            clear.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
