@@ -17,8 +17,8 @@ use super::{
 use sqlx::{Postgres, QueryBuilder};
 
 use super::query::{
-    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
-    flag_needle, operation_needle, service_needle,
+    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, driving_term,
+    encode_summary, flag_needle, operation_needle, service_needle, summary_columns_ts, terms,
 };
 use super::rollup::{
     HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
@@ -296,10 +296,12 @@ impl Store for PostgresStore {
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
-        for table in ["trace_summaries", "trace_hops"] {
+        // The oldest summaries go with their index terms and hop contributions.
+        for table in ["trace_terms", "trace_hops", "trace_summaries"] {
             sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE ctid IN \
-                 (SELECT ctid FROM {table} WHERE start_unix_nano < $1 LIMIT $2)"
+                "DELETE FROM {table} WHERE trace_id IN \
+                 (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < $1 \
+                  ORDER BY start_unix_nano LIMIT $2)"
             )))
             .bind(cutoff)
             .bind(i64::from(limit))
@@ -385,10 +387,31 @@ impl Store for PostgresStore {
         .await?;
         let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
         add_samples(&mut deltas, &old, -1);
-        sqlx::query("DELETE FROM trace_hops WHERE trace_id = ANY($1)")
+        for table in ["trace_hops", "trace_terms"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE trace_id = ANY($1)"
+            )))
             .bind(&ids)
             .execute(&mut *tx)
             .await?;
+        }
+        let (mut term_names, mut term_starts, mut term_ids) = (Vec::new(), Vec::new(), Vec::new());
+        for (summary, _) in traces {
+            for term in terms(summary) {
+                term_names.push(term);
+                term_starts.push(i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX));
+                term_ids.push(summary.trace_id.0.to_vec());
+            }
+        }
+        sqlx::query(
+            "INSERT INTO trace_terms (term, start_unix_nano, trace_id) \
+             SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[]) ON CONFLICT DO NOTHING",
+        )
+        .bind(&term_names)
+        .bind(&term_starts)
+        .bind(&term_ids)
+        .execute(&mut *tx)
+        .await?;
         let new_hops: Vec<(Vec<u8>, &HopSample)> = traces
             .iter()
             .flat_map(|(summary, hops)| {
@@ -501,54 +524,71 @@ impl Store for PostgresStore {
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {SUMMARY_COLUMNS} FROM trace_summaries ts WHERE 1 = 1"
-        ));
+        // Drive from the index of the most selective term when there is one (newest first
+        // through the primary key); otherwise from the summaries' start index.
+        let columns = summary_columns_ts();
+        let term = driving_term(query);
+        let mut q: QueryBuilder<Postgres> = match &term {
+            Some(term) => {
+                let mut q = QueryBuilder::new(format!(
+                    "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
+                     WHERE t.term = "
+                ));
+                q.push_bind(term.clone());
+                q
+            }
+            None => QueryBuilder::new(format!(
+                "SELECT {columns} FROM trace_summaries ts WHERE 1 = 1"
+            )),
+        };
+        let order = if term.is_some() { "t" } else { "ts" };
         if let Some(service) = &query.service {
-            q.push(" AND strpos(services, ")
+            q.push(" AND strpos(ts.services, ")
                 .push_bind(service_needle(service))
                 .push(") > 0");
         }
         if let Some(operation) = &query.operation {
-            q.push(" AND strpos(operations, ")
+            q.push(" AND strpos(ts.operations, ")
                 .push_bind(operation_needle(query.service.as_deref(), operation))
                 .push(") > 0");
         }
         if let Some(flag) = query.flag {
-            q.push(" AND strpos(flags, ")
+            q.push(" AND strpos(ts.flags, ")
                 .push_bind(flag_needle(flag))
                 .push(") > 0");
         }
         if let Some(outcome) = query.outcome {
-            q.push(" AND outcome = ").push_bind(outcome.as_str());
+            q.push(" AND ts.outcome = ").push_bind(outcome.as_str());
         }
         push_range(
             &mut q,
-            "duration_ms",
+            "ts.duration_ms",
             query.min_duration_ms,
             query.max_duration_ms,
         );
         push_range(
             &mut q,
-            "budget_ms",
+            "ts.budget_ms",
             query.min_budget_ms,
             query.max_budget_ms,
         );
         if let Some(since) = query.since_unix_nano {
-            q.push(" AND start_unix_nano >= ")
+            q.push(format!(" AND {order}.start_unix_nano >= "))
                 .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
         }
         if let Some(until) = query.until_unix_nano {
-            q.push(" AND start_unix_nano < ")
+            q.push(format!(" AND {order}.start_unix_nano < "))
                 .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
         }
         if let Some(cursor) = query.cursor {
             let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
-            q.push(" AND (start_unix_nano, trace_id) < (")
-                .push_bind(start)
-                .push(", ")
-                .push_bind(cursor.trace_id.0.to_vec())
-                .push(")");
+            q.push(format!(
+                " AND ({order}.start_unix_nano, {order}.trace_id) < ("
+            ))
+            .push_bind(start)
+            .push(", ")
+            .push_bind(cursor.trace_id.0.to_vec())
+            .push(")");
         }
         for filter in &query.attrs {
             q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND ");
@@ -574,8 +614,10 @@ impl Store for PostgresStore {
             }
             q.push(")");
         }
-        q.push(" ORDER BY start_unix_nano DESC, trace_id DESC LIMIT ")
-            .push_bind(i64::from(query.limit));
+        q.push(format!(
+            " ORDER BY {order}.start_unix_nano DESC, {order}.trace_id DESC LIMIT "
+        ))
+        .push_bind(i64::from(query.limit));
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
     }

@@ -227,3 +227,55 @@ impl StoredSummary {
         })
     }
 }
+
+/// The index terms of a summary (migrations/*/0004_trace_terms.sql).
+pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
+    let mut terms: Vec<String> = Vec::new();
+    terms.extend(summary.services.iter().map(|s| format!("service:{s}")));
+    terms.extend(
+        summary
+            .operations
+            .iter()
+            .map(|(s, n)| format!("op:{s}\t{n}")),
+    );
+    terms.extend(
+        summary
+            .operations
+            .iter()
+            .map(|(_, n)| format!("opname:{n}")),
+    );
+    terms.extend(
+        summary
+            .flag_counts
+            .keys()
+            .map(|f| format!("flag:{}", f.as_str())),
+    );
+    terms.push(format!("outcome:{}", summary.outcome.as_str()));
+    terms.sort();
+    terms.dedup();
+    terms
+}
+
+/// The most selective term of a query, to drive the search from: a flag, then an
+/// operation, then a service, then an outcome.
+pub(crate) fn driving_term(query: &TraceQuery) -> Option<String> {
+    if let Some(flag) = query.flag {
+        return Some(format!("flag:{}", flag.as_str()));
+    }
+    match (&query.service, &query.operation) {
+        (Some(service), Some(operation)) => return Some(format!("op:{service}\t{operation}")),
+        (None, Some(operation)) => return Some(format!("opname:{operation}")),
+        (Some(service), None) => return Some(format!("service:{service}")),
+        (None, None) => {}
+    }
+    query.outcome.map(|o| format!("outcome:{}", o.as_str()))
+}
+
+/// `SUMMARY_COLUMNS` qualified with the summaries' alias `ts`, for joins.
+pub(crate) fn summary_columns_ts() -> String {
+    SUMMARY_COLUMNS
+        .split(", ")
+        .map(|c| format!("ts.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

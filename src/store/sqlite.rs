@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::query::{
-    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
-    flag_needle, operation_needle, service_needle,
+    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, driving_term,
+    encode_summary, flag_needle, operation_needle, service_needle, summary_columns_ts, terms,
 };
 use super::rollup::{
     HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
@@ -317,10 +317,12 @@ impl Store for SqliteStore {
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
-        for table in ["trace_summaries", "trace_hops"] {
+        // The oldest summaries go with their index terms and hop contributions.
+        for table in ["trace_terms", "trace_hops", "trace_summaries"] {
             sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE rowid IN \
-                 (SELECT rowid FROM {table} WHERE start_unix_nano < ? LIMIT ?)"
+                "DELETE FROM {table} WHERE trace_id IN \
+                 (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < ? \
+                  ORDER BY start_unix_nano LIMIT ?)"
             )))
             .bind(cutoff)
             .bind(i64::from(limit))
@@ -408,14 +410,34 @@ impl Store for SqliteStore {
             let rows: Vec<HopSample> = rows.into_iter().map(StoredTraceHop::decode).collect();
             add_samples(&mut deltas, &rows, -1);
 
-            let mut delete: QueryBuilder<Sqlite> =
-                QueryBuilder::new("DELETE FROM trace_hops WHERE trace_id IN (");
-            let mut list = delete.separated(", ");
-            for id in chunk {
-                list.push_bind(*id);
+            for table in ["trace_hops", "trace_terms"] {
+                let mut delete: QueryBuilder<Sqlite> =
+                    QueryBuilder::new(format!("DELETE FROM {table} WHERE trace_id IN ("));
+                let mut list = delete.separated(", ");
+                for id in chunk {
+                    list.push_bind(*id);
+                }
+                list.push_unseparated(")");
+                delete.build().execute(&mut *tx).await?;
             }
-            list.push_unseparated(")");
-            delete.build().execute(&mut *tx).await?;
+        }
+        let new_terms: Vec<(String, i64, &[u8])> = traces
+            .iter()
+            .flat_map(|(summary, _)| {
+                let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
+                terms(summary)
+                    .into_iter()
+                    .map(move |term| (term, start, summary.trace_id.0.as_slice()))
+            })
+            .collect();
+        for chunk in new_terms.chunks(5000) {
+            let mut insert: QueryBuilder<Sqlite> =
+                QueryBuilder::new("INSERT INTO trace_terms (term, start_unix_nano, trace_id) ");
+            insert.push_values(chunk, |mut b, (term, start, id)| {
+                b.push_bind(term.as_str()).push_bind(*start).push_bind(*id);
+            });
+            insert.push(" ON CONFLICT DO NOTHING");
+            insert.build().execute(&mut *tx).await?;
         }
         let new_hops: Vec<(&[u8], &HopSample)> = traces
             .iter()
@@ -528,54 +550,69 @@ impl Store for SqliteStore {
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "SELECT {SUMMARY_COLUMNS} FROM trace_summaries ts WHERE 1 = 1"
-        ));
+        // Drive from the index of the most selective term when there is one (newest first
+        // through the primary key); otherwise from the summaries' start index.
+        let columns = summary_columns_ts();
+        let term = driving_term(query);
+        let mut q: QueryBuilder<Sqlite> = match &term {
+            Some(term) => {
+                let mut q = QueryBuilder::new(format!(
+                    "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
+                     WHERE t.term = "
+                ));
+                q.push_bind(term.clone());
+                q
+            }
+            None => QueryBuilder::new(format!(
+                "SELECT {columns} FROM trace_summaries ts WHERE 1 = 1"
+            )),
+        };
+        let order = if term.is_some() { "t" } else { "ts" };
         if let Some(service) = &query.service {
-            q.push(" AND instr(services, ")
+            q.push(" AND instr(ts.services, ")
                 .push_bind(service_needle(service))
                 .push(") > 0");
         }
         if let Some(operation) = &query.operation {
-            q.push(" AND instr(operations, ")
+            q.push(" AND instr(ts.operations, ")
                 .push_bind(operation_needle(query.service.as_deref(), operation))
                 .push(") > 0");
         }
         if let Some(flag) = query.flag {
-            q.push(" AND instr(flags, ")
+            q.push(" AND instr(ts.flags, ")
                 .push_bind(flag_needle(flag))
                 .push(") > 0");
         }
         if let Some(outcome) = query.outcome {
-            q.push(" AND outcome = ").push_bind(outcome.as_str());
+            q.push(" AND ts.outcome = ").push_bind(outcome.as_str());
         }
         push_range(
             &mut q,
-            "duration_ms",
+            "ts.duration_ms",
             query.min_duration_ms,
             query.max_duration_ms,
         );
         push_range(
             &mut q,
-            "budget_ms",
+            "ts.budget_ms",
             query.min_budget_ms,
             query.max_budget_ms,
         );
         if let Some(since) = query.since_unix_nano {
-            q.push(" AND start_unix_nano >= ")
+            q.push(format!(" AND {order}.start_unix_nano >= "))
                 .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
         }
         if let Some(until) = query.until_unix_nano {
-            q.push(" AND start_unix_nano < ")
+            q.push(format!(" AND {order}.start_unix_nano < "))
                 .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
         }
         if let Some(cursor) = query.cursor {
             let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
-            q.push(" AND (start_unix_nano < ")
+            q.push(format!(" AND ({order}.start_unix_nano < "))
                 .push_bind(start)
-                .push(" OR (start_unix_nano = ")
+                .push(format!(" OR ({order}.start_unix_nano = "))
                 .push_bind(start)
-                .push(" AND trace_id < ")
+                .push(format!(" AND {order}.trace_id < "))
                 .push_bind(cursor.trace_id.0.to_vec())
                 .push("))");
         }
@@ -592,8 +629,10 @@ impl Store for SqliteStore {
             };
             q.push(")");
         }
-        q.push(" ORDER BY start_unix_nano DESC, trace_id DESC LIMIT ")
-            .push_bind(i64::from(query.limit));
+        q.push(format!(
+            " ORDER BY {order}.start_unix_nano DESC, {order}.trace_id DESC LIMIT "
+        ))
+        .push_bind(i64::from(query.limit));
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
     }
