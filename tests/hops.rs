@@ -120,6 +120,42 @@ edge server "GET /checkout" 0 800 budget=700
             db.backend
         );
 
+        // An older trace lands in a whole hour of a longer range: read from hourly rows.
+        let older = trace(4, r#"edge server "GET /checkout" 0 300 budget=700"#);
+        post_otlp(&server, &otlp_request(&older, 150 * 60 * 1000)).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, body) = get_json(&server, "/api/hops?since=-6h").await;
+            if hop(&body, "edge", "GET /checkout")["requests"] == 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: hourly rollup never showed: {body}",
+                db.backend
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (_, hourly) = get_json(
+            &server,
+            "/api/hops/edge/GET%20%2Fcheckout/series?since=-6h&step=1h",
+        )
+        .await;
+        let (_, minutely) = get_json(
+            &server,
+            "/api/hops/edge/GET%20%2Fcheckout/series?since=-6h&step=1m",
+        )
+        .await;
+        let total = |series: &Value| {
+            series["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["requests"].as_i64().unwrap())
+                .sum::<i64>()
+        };
+        assert_eq!((total(&hourly), total(&minutely)), (4, 4), "{}", db.backend);
+
         let (status, error) = get_json(&server, "/api/hops/edge/x/series?step=90s").await;
         assert_eq!(status, 400, "{error}");
         server.shutdown().await;

@@ -106,13 +106,16 @@ pub trait Store: Send + Sync + 'static {
         analysed: &[(TraceId, i64)],
     ) -> Result<(), StoreError>;
 
-    /// Hop rollups for minutes in `[since, until)`, optionally of one service or operation.
+    /// Hop rollups for `[since, until)` (minute-aligned), optionally of one service or
+    /// operation. With `hourly`, whole hours inside the range come as one row per hour
+    /// (`minute_unix_nano` is then the hour's start) and only the edges as minute rows.
     async fn hop_rollups(
         &self,
         since_unix_nano: u64,
         until_unix_nano: u64,
         service: Option<&str>,
         operation: Option<&str>,
+        hourly: bool,
     ) -> Result<Vec<HopRollupRow>, StoreError>;
 
     /// Summaries matching the query, newest first.
@@ -301,6 +304,26 @@ pub(crate) fn decode_marks(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<(TraceId, i6
         .collect()
 }
 
+const HOUR: u64 = 3_600_000_000_000;
+
+/// Splits `[since, until)` into the rollup tables and ranges to read: whole hours from
+/// `hop_rollups_hourly`, the edges from `hop_rollups`.
+pub(crate) fn rollup_ranges(since: u64, until: u64, hourly: bool) -> Vec<(&'static str, u64, u64)> {
+    let first_hour = since.div_ceil(HOUR) * HOUR;
+    let last_hour = until - until % HOUR;
+    if !hourly || first_hour >= last_hour {
+        return vec![("hop_rollups", since, until)];
+    }
+    let mut ranges = vec![("hop_rollups_hourly", first_hour, last_hour)];
+    if since < first_hour {
+        ranges.push(("hop_rollups", since, first_hour));
+    }
+    if last_hour < until {
+        ranges.push(("hop_rollups", last_hour, until));
+    }
+    ranges
+}
+
 /// One stored span row as read back, before decoding.
 #[derive(sqlx::FromRow)]
 pub(crate) struct StoredRow {
@@ -381,4 +404,36 @@ pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
             kind: SpanKind::from_i32(kind.into()),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{HOUR, rollup_ranges};
+
+    #[test]
+    fn whole_hours_come_from_the_hourly_table_and_edges_from_minutes() {
+        let minute = 60_000_000_000;
+        let since = 10 * HOUR + 25 * minute;
+        let until = 14 * HOUR + 5 * minute;
+        assert_eq!(
+            rollup_ranges(since, until, true),
+            [
+                ("hop_rollups_hourly", 11 * HOUR, 14 * HOUR),
+                ("hop_rollups", since, 11 * HOUR),
+                ("hop_rollups", 14 * HOUR, until),
+            ]
+        );
+        assert_eq!(
+            rollup_ranges(since, until, false),
+            [("hop_rollups", since, until)]
+        );
+        assert_eq!(
+            rollup_ranges(since, 10 * HOUR + 50 * minute, true),
+            [("hop_rollups", since, 10 * HOUR + 50 * minute)]
+        );
+        assert_eq!(
+            rollup_ranges(10 * HOUR, 12 * HOUR, true),
+            [("hop_rollups_hourly", 10 * HOUR, 12 * HOUR)]
+        );
+    }
 }

@@ -24,7 +24,7 @@ use super::rollup::{
     HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
     TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
 };
-use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano};
+use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -308,10 +308,14 @@ impl Store for PostgresStore {
             .execute(&mut *tx)
             .await?;
         }
-        sqlx::query("DELETE FROM hop_rollups WHERE minute_unix_nano < $1")
+        for table in ["hop_rollups", "hop_rollups_hourly"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE minute_unix_nano < $1"
+            )))
             .bind(cutoff)
             .execute(&mut *tx)
             .await?;
+        }
         tx.commit().await?;
         Ok(deleted)
     }
@@ -441,51 +445,22 @@ impl Store for PostgresStore {
         }
         // Keys are sorted (BTreeMap): rows are locked FOR UPDATE before they are changed, so
         // several servers sharing the database do not lose each other's counts.
-        let deltas: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-        for chunk in deltas.chunks(2000) {
-            let mut select: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                "SELECT {ROLLUP_COLUMNS} FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN ("
-            ));
-            select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
-                b.push_bind(service.clone())
-                    .push_bind(operation.clone())
-                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-            });
-            select.push(") ORDER BY service, operation, minute_unix_nano FOR UPDATE");
-            let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *tx).await?;
-            let (keep, gone) = apply_deltas(existing, chunk);
-            if !gone.is_empty() {
-                let mut delete: QueryBuilder<Postgres> = QueryBuilder::new(
-                    "DELETE FROM hop_rollups WHERE (service, operation, minute_unix_nano) IN (",
-                );
-                delete.push_values(&gone, |mut b, (service, operation, minute)| {
-                    b.push_bind(service.clone())
-                        .push_bind(operation.clone())
-                        .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-                });
-                delete.push(")");
-                delete.build().execute(&mut *tx).await?;
-            }
-            if !keep.is_empty() {
-                let mut upsert: QueryBuilder<Postgres> =
-                    QueryBuilder::new(format!("INSERT INTO hop_rollups ({ROLLUP_COLUMNS}) "));
-                upsert.push_values(&keep, |mut b, row| {
-                    b.push_bind(row.service.clone())
-                        .push_bind(row.operation.clone())
-                        .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
-                        .push_bind(row.rollup.requests);
-                    for count in row.rollup.counts {
-                        b.push_bind(count);
-                    }
-                    b.push_bind(row.rollup.wasted_ms)
-                        .push_bind(row.rollup.budget.encode())
-                        .push_bind(row.rollup.burn.encode())
-                        .push_bind(row.rollup.self_ms.encode());
-                });
-                upsert.push(ROLLUP_UPSERT);
-                upsert.build().execute(&mut *tx).await?;
-            }
+        let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
+        let mut hours: BTreeMap<RollupKey, Rollup> = BTreeMap::new();
+        for ((service, operation, minute), delta) in &minutes {
+            let hour = minute - minute % 3_600_000_000_000;
+            hours
+                .entry((service.clone(), operation.clone(), hour))
+                .or_default()
+                .merge(delta);
         }
+        apply_rollups(&mut tx, "hop_rollups", &minutes).await?;
+        apply_rollups(
+            &mut tx,
+            "hop_rollups_hourly",
+            &hours.into_iter().collect::<Vec<_>>(),
+        )
+        .await?;
         let marks: Vec<i64> = analysed.iter().map(|(_, mark)| *mark).collect();
         sqlx::query(
             "DELETE FROM dirty_traces d USING UNNEST($1::bytea[], $2::int8[]) AS m(id, mark) \
@@ -505,22 +480,26 @@ impl Store for PostgresStore {
         until_unix_nano: u64,
         service: Option<&str>,
         operation: Option<&str>,
+        hourly: bool,
     ) -> Result<Vec<HopRollupRow>, StoreError> {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {ROLLUP_COLUMNS} FROM hop_rollups WHERE minute_unix_nano >= "
-        ));
-        q.push_bind(i64::try_from(since_unix_nano).unwrap_or(i64::MAX))
-            .push(" AND minute_unix_nano < ")
-            .push_bind(i64::try_from(until_unix_nano).unwrap_or(i64::MAX));
-        if let Some(service) = service {
-            q.push(" AND service = ").push_bind(service.to_string());
+        let mut rows = Vec::new();
+        for (table, since, until) in rollup_ranges(since_unix_nano, until_unix_nano, hourly) {
+            let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+                "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE minute_unix_nano >= "
+            ));
+            q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
+                .push(" AND minute_unix_nano < ")
+                .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+            if let Some(service) = service {
+                q.push(" AND service = ").push_bind(service.to_string());
+            }
+            if let Some(operation) = operation {
+                q.push(" AND operation = ").push_bind(operation.to_string());
+            }
+            let found: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.pool).await?;
+            rows.extend(found.into_iter().map(StoredRollup::decode));
         }
-        if let Some(operation) = operation {
-            q.push(" AND operation = ").push_bind(operation.to_string());
-        }
-        q.push(" ORDER BY service, operation, minute_unix_nano");
-        let rows: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.pool).await?;
-        Ok(rows.into_iter().map(StoredRollup::decode).collect())
+        Ok(rows)
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
@@ -621,6 +600,60 @@ impl Store for PostgresStore {
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
     }
+}
+
+/// Adds deltas to a rollup table (`hop_rollups` per minute or `hop_rollups_hourly`): reads
+/// the rows of the keys, merges, deletes rows that fell to zero requests and upserts the rest.
+async fn apply_rollups(
+    conn: &mut sqlx::PgConnection,
+    table: &str,
+    deltas: &[(RollupKey, Rollup)],
+) -> Result<(), StoreError> {
+    for chunk in deltas.chunks(2000) {
+        let mut select: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+            "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
+        ));
+        select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
+            b.push_bind(service.clone())
+                .push_bind(operation.clone())
+                .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+        });
+        select.push(") ORDER BY service, operation, minute_unix_nano FOR UPDATE");
+        let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *conn).await?;
+        let (keep, gone) = apply_deltas(existing, chunk);
+        if !gone.is_empty() {
+            let mut delete: QueryBuilder<Postgres> = QueryBuilder::new(format!(
+                "DELETE FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
+            ));
+            delete.push_values(&gone, |mut b, (service, operation, minute)| {
+                b.push_bind(service.clone())
+                    .push_bind(operation.clone())
+                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+            });
+            delete.push(")");
+            delete.build().execute(&mut *conn).await?;
+        }
+        if !keep.is_empty() {
+            let mut upsert: QueryBuilder<Postgres> =
+                QueryBuilder::new(format!("INSERT INTO {table} ({ROLLUP_COLUMNS}) "));
+            upsert.push_values(&keep, |mut b, row| {
+                b.push_bind(row.service.clone())
+                    .push_bind(row.operation.clone())
+                    .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
+                    .push_bind(row.rollup.requests);
+                for count in row.rollup.counts {
+                    b.push_bind(count);
+                }
+                b.push_bind(row.rollup.wasted_ms)
+                    .push_bind(row.rollup.budget.encode())
+                    .push_bind(row.rollup.burn.encode())
+                    .push_bind(row.rollup.self_ms.encode());
+            });
+            upsert.push(ROLLUP_UPSERT);
+            upsert.build().execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
 }
 
 fn push_range(q: &mut QueryBuilder<Postgres>, column: &str, min: Option<f64>, max: Option<f64>) {

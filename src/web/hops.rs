@@ -89,7 +89,10 @@ pub async fn hops(
         .get("service")
         .map(String::as_str)
         .filter(|s| !s.is_empty());
-    let rows = state.store.hop_rollups(since, until, service, None).await?;
+    let rows = state
+        .store
+        .hop_rollups(since, until, service, None, true)
+        .await?;
     let mut merged: BTreeMap<(String, String), Rollup> = BTreeMap::new();
     for row in rows {
         merged
@@ -144,9 +147,11 @@ pub async fn series(
             ),
         ));
     }
+    // Hour rows only when every bucket is whole hours.
+    let hourly = step % (60 * MINUTE) == 0;
     let rows = state
         .store
-        .hop_rollups(since, until, Some(&service), Some(&operation))
+        .hop_rollups(since, until, Some(&service), Some(&operation), hourly)
         .await?;
     let first = since - since % step;
     let mut buckets: BTreeMap<u64, Rollup> = (0..)
