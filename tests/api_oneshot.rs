@@ -1,0 +1,134 @@
+//! The JSON API driven as a router (`web::app(state).oneshot(…)`), no socket: the trace
+//! with its analysis, search after the analyzer's pass, hop statistics, and errors.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use budgetscope::analyze::AnalyzeOptions;
+use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
+use budgetscope::indexer::{IndexerOptions, index_pass};
+use budgetscope::store;
+use budgetscope::web::{AppState, app};
+use common::{TestDb, now_nanos};
+use serde_json::Value;
+use tower::ServiceExt as _;
+
+async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
+    let response = app(state.clone())
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{uri}: {e}")),
+    )
+}
+
+#[tokio::test]
+async fn trace_search_and_hops_through_the_router() {
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.unwrap();
+        let mut spans = parse(
+            r#"
+edge server "GET /checkout" 0 1540 budget=800
+  edge client "GET /stock" 20 1500 budget=5000
+    inventory server "GET /stock" 25 1490 budget=5000
+"#,
+        );
+        // Fixtures are dated 2023: move them to a minute ago.
+        let shift = now_nanos() - 60_000_000_000 - BASE_UNIX_NANO;
+        for span in &mut spans {
+            span.start_unix_nano += shift;
+            span.end_unix_nano += shift;
+        }
+        store.write_spans(&spans).await.unwrap();
+        let state = AppState {
+            store: store.clone(),
+            analyze: AnalyzeOptions::default(),
+        };
+        let trace_id = spans[0].trace_id.to_hex();
+
+        let (status, trace) = get(&state, &format!("/api/traces/{trace_id}")).await;
+        assert_eq!(status, StatusCode::OK, "{}", db.backend);
+        let analysis = &trace["analysis"];
+        assert_eq!(analysis["outcome"], "exceeded");
+        assert_eq!(
+            analysis["rows"][1]["flags"][0]["message"],
+            "forwarded 5000 ms with 780 ms left"
+        );
+        assert_eq!(analysis["rows"][0]["self_ms"], 40.0);
+        assert_eq!(analysis["rows"][2]["depth"], 2);
+
+        // Search and hops answer after the background analyzer's pass.
+        let (_, empty) = get(&state, "/api/traces").await;
+        assert_eq!(empty["traces"], serde_json::json!([]), "not summarised yet");
+        let options = IndexerOptions {
+            quiet_period: Duration::ZERO,
+            analyze: AnalyzeOptions::default(),
+        };
+        assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
+        let (_, found) = get(
+            &state,
+            "/api/traces?flag=inflated&outcome=exceeded&attr=deadline.remaining_ms%3E%3D5000",
+        )
+        .await;
+        assert_eq!(
+            found["traces"][0]["trace_id"], trace_id,
+            "{}: {found}",
+            db.backend
+        );
+        let (_, hops) = get(&state, "/api/hops?since=-1h").await;
+        let edge = hops["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["service"] == "edge")
+            .unwrap();
+        assert_eq!(
+            (
+                edge["requests"].as_i64(),
+                edge["overspent"].as_i64(),
+                edge["inflated"].as_i64()
+            ),
+            (Some(1), Some(1), Some(1))
+        );
+
+        for (uri, status, code) in [
+            (
+                "/api/traces?outcome=late",
+                StatusCode::BAD_REQUEST,
+                "invalid_parameter",
+            ),
+            (
+                "/api/traces/abc",
+                StatusCode::BAD_REQUEST,
+                "invalid_trace_id",
+            ),
+            (
+                "/api/hops?since=now&until=-1h",
+                StatusCode::BAD_REQUEST,
+                "invalid_parameter",
+            ),
+            (
+                "/api/hops?colour=red",
+                StatusCode::BAD_REQUEST,
+                "invalid_parameter",
+            ),
+            ("/api/nope", StatusCode::NOT_FOUND, "not_found"),
+        ] {
+            let (got, body) = get(&state, uri).await;
+            assert_eq!(
+                (got, body["error"]["code"].as_str()),
+                (status, Some(code)),
+                "{uri}: {body}"
+            );
+        }
+    }
+}
