@@ -15,7 +15,6 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::model::Span;
 use crate::store::{EncodedBatch, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -108,12 +107,6 @@ impl Ingestor {
             .map_err(|_| IngestError::Closed)?;
         // A writer always answers; a dropped sender means the writer task died.
         answer.await.unwrap_or(Err(IngestError::Unavailable))
-    }
-
-    /// Admits, encodes and commits spans (for callers that have their spans at hand).
-    pub async fn submit(&self, spans: Vec<Span>) -> Result<(), IngestError> {
-        let admission = self.admit(spans.len())?;
-        self.commit(admission, EncodedBatch::encode(&spans)).await
     }
 
     /// Stops accepting, commits everything already queued, and waits for the writers.
