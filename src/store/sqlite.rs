@@ -53,6 +53,9 @@ fn statement_sizes(len: usize) -> impl Iterator<Item = usize> {
 /// How often the background checkpointer copies the WAL into the database file.
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
+/// WAL frames (pages, 4 KiB by default) past which the checkpointer restarts the WAL.
+const WAL_RESET_FRAMES: i64 = 16_384;
+
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
@@ -72,7 +75,9 @@ impl SqliteStore {
             // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at
             // every commit, so 64 MiB cost more per commit than it saved in reads.
             .pragma("cache_size", "-8192")
-            .pragma("temp_store", "memory");
+            .pragma("temp_store", "memory")
+            // A WAL that was reset is cut back to this size rather than kept at its peak.
+            .pragma("journal_size_limit", "67108864");
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         // Checkpoints run on their own connection (below), not in the writer's commits.
         let writer_options = if in_memory {
@@ -221,11 +226,25 @@ async fn start_checkpointer(
                 _ = stopped.cancelled() => break,
                 _ = tokio::time::sleep(CHECKPOINT_PERIOD) => {}
             }
-            if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&mut conn)
-                .await
-            {
-                tracing::warn!(%error, "sqlite checkpoint failed; will try again");
+            let passive: Result<(i64, i64, i64), _> =
+                sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                    .fetch_one(&mut conn)
+                    .await;
+            match passive {
+                // Under steady writes a passive checkpoint never catches up with the last
+                // frame, so SQLite never starts the WAL over and it grows without bound.
+                // Past the limit, TRUNCATE waits for readers, holds writers briefly, copies
+                // every frame and restarts the WAL at zero bytes.
+                Ok((_, wal_frames, _)) if wal_frames > WAL_RESET_FRAMES => {
+                    if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                        .execute(&mut conn)
+                        .await
+                    {
+                        tracing::warn!(%error, wal_frames, "sqlite could not reset its WAL; will try again");
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
         // A last full pass so the WAL does not outlive a clean shutdown.
