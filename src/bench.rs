@@ -170,6 +170,17 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         if bench.gzip { " + gzip" } else { "" }
     );
 
+    // Spans in the requests before each one, for pacing with --rate.
+    let spans_before: Arc<Vec<usize>> = Arc::new(
+        prepared
+            .iter()
+            .scan(0, |sum, p| {
+                let before = *sum;
+                *sum += p.spans;
+                Some(before)
+            })
+            .collect(),
+    );
     let prepared = Arc::new(prepared);
     let next = Arc::new(AtomicU64::new(0));
     let acked = Arc::new(AtomicU64::new(0));
@@ -178,8 +189,9 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut senders = Vec::new();
     for _ in 0..bench.concurrency {
-        let (prepared, next, acked, refusals) = (
+        let (prepared, spans_before, next, acked, refusals) = (
             prepared.clone(),
+            spans_before.clone(),
             next.clone(),
             acked.clone(),
             refusals.clone(),
@@ -196,9 +208,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
                 };
                 if rate > 0 {
                     // Pace the whole run: request i may start once i spans' worth of time passed.
-                    let due = Duration::from_secs_f64(
-                        acked_before(index, &prepared) as f64 / rate as f64,
-                    );
+                    let due = Duration::from_secs_f64(spans_before[index] as f64 / rate as f64);
                     tokio::time::sleep_until((started + due).into()).await;
                 }
                 let sent = Instant::now();
@@ -322,10 +332,6 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     }
     databases.cleanup().await;
     Ok(())
-}
-
-fn acked_before(index: usize, prepared: &[Prepared]) -> usize {
-    prepared[..index].iter().map(|p| p.spans).sum()
 }
 
 async fn futures_join<T>(

@@ -5,18 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use budgetscope::analyze::fixture::parse;
-use budgetscope::model::{Span, TraceId};
-use common::{TestDb, get_json, otlp_request, post_otlp, start};
+use common::{TestDb, fixture_trace as trace, get_json, otlp_request, post_otlp, start};
 use serde_json::Value;
-
-fn trace(id: u8, text: &str) -> Vec<Span> {
-    let mut spans = parse(text);
-    for span in &mut spans {
-        span.trace_id = TraceId([id; 16]);
-    }
-    spans
-}
 
 async fn hops_until(server: &budgetscope::server::RunningServer, requests: i64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -5,19 +5,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use budgetscope::analyze::fixture::parse;
-use budgetscope::model::{Span, TraceId};
-use common::{TestDb, get_json, otlp_request, post_otlp, start};
+use budgetscope::model::TraceId;
+use common::{TestDb, fixture_trace as trace, get_json, otlp_request, post_otlp, start};
 use serde_json::Value;
-
-/// A fixture with its own trace id.
-fn trace(id: u8, text: &str) -> Vec<Span> {
-    let mut spans = parse(text);
-    for span in &mut spans {
-        span.trace_id = TraceId([id; 16]);
-    }
-    spans
-}
 
 fn hex(id: u8) -> String {
     TraceId([id; 16]).to_hex()

@@ -49,15 +49,14 @@ impl Tree {
             }
         }
 
+        // The first copy of a duplicated id is the one children link to.
         let mut index: HashMap<SpanId, usize> = HashMap::with_capacity(n);
         for (i, span) in spans.iter().enumerate() {
-            if index.insert(span.span_id, i).is_some() {
+            if let std::collections::hash_map::Entry::Vacant(slot) = index.entry(span.span_id) {
+                slot.insert(i);
+            } else {
                 warnings[i].push("another span has the same id; children link to the first".into());
             }
-        }
-        // The first copy of a duplicated id is the one children link to.
-        for (i, span) in spans.iter().enumerate().rev() {
-            index.insert(span.span_id, i);
         }
 
         let mut parent = vec![None; n];

@@ -26,7 +26,6 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// What an accepted request produced: how many of its spans were invalid, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {
-    pub stored: usize,
     pub rejected: u64,
     pub error_message: String,
 }
@@ -45,12 +44,16 @@ impl Accepted {
 
 pub struct Receiver {
     ingestor: Arc<Ingestor>,
-    options: NormalizeOptions,
+    /// Shared with the blocking task of each request, not copied per request.
+    options: Arc<NormalizeOptions>,
 }
 
 impl Receiver {
     pub fn new(ingestor: Arc<Ingestor>, options: NormalizeOptions) -> Arc<Receiver> {
-        Arc::new(Receiver { ingestor, options })
+        Arc::new(Receiver {
+            ingestor,
+            options: Arc::new(options),
+        })
     }
 
     /// Normalises, validates and commits one export request. `warning`, when given, is a
@@ -71,7 +74,6 @@ impl Receiver {
             .sum();
         if span_count == 0 {
             return Ok(Accepted {
-                stored: 0,
                 rejected: 0,
                 error_message: String::new(),
             });
@@ -90,7 +92,6 @@ impl Receiver {
                 }
             }
             let accepted = Accepted {
-                stored: normalized.spans.len(),
                 rejected: normalized.rejected,
                 error_message: normalized.error_message(),
             };

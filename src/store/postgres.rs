@@ -89,32 +89,33 @@ impl PostgresStore {
         operations: &[OperationRow],
         traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
-        fn column<T: Clone>(rows: &[SpanRow], f: impl Fn(&SpanRow) -> T) -> Vec<T> {
+        // Columns borrow from the rows: one array per column, no copy of the values.
+        fn column<'a, T>(rows: &'a [SpanRow], f: impl Fn(&'a SpanRow) -> T) -> Vec<T> {
             rows.iter().map(f).collect()
         }
         let mut tx = self.pool.begin().await?;
         sqlx::query(INSERT_SPANS)
-            .bind(column(rows, |r| r.trace_id.clone()))
-            .bind(column(rows, |r| r.span_id.clone()))
-            .bind(column(rows, |r| r.parent_span_id.clone()))
-            .bind(column(rows, |r| r.service.clone()))
-            .bind(column(rows, |r| r.name.clone()))
+            .bind(column(rows, |r| r.trace_id.as_slice()))
+            .bind(column(rows, |r| r.span_id.as_slice()))
+            .bind(column(rows, |r| r.parent_span_id.as_deref()))
+            .bind(column(rows, |r| r.service.as_str()))
+            .bind(column(rows, |r| r.name.as_str()))
             .bind(column(rows, |r| r.kind))
             .bind(column(rows, |r| r.start_unix_nano))
             .bind(column(rows, |r| r.end_unix_nano))
             .bind(column(rows, |r| r.status_code))
-            .bind(column(rows, |r| r.status_message.clone()))
+            .bind(column(rows, |r| r.status_message.as_str()))
             .bind(column(rows, |r| r.budget_ms))
-            .bind(column(rows, |r| r.budget_source.clone()))
-            .bind(column(rows, |r| r.attributes.clone()))
-            .bind(column(rows, |r| r.resource.clone()))
-            .bind(column(rows, |r| r.details.clone()))
+            .bind(column(rows, |r| r.budget_source.as_deref()))
+            .bind(column(rows, |r| r.attributes.as_str()))
+            .bind(column(rows, |r| r.resource.as_str()))
+            .bind(column(rows, |r| r.details.as_str()))
             .execute(&mut *tx)
             .await?;
         if !operations.is_empty() {
             sqlx::query(UPSERT_OPERATIONS)
-                .bind(operations.iter().map(|o| o.0.clone()).collect::<Vec<_>>())
-                .bind(operations.iter().map(|o| o.1.clone()).collect::<Vec<_>>())
+                .bind(operations.iter().map(|o| o.0.as_str()).collect::<Vec<_>>())
+                .bind(operations.iter().map(|o| o.1.as_str()).collect::<Vec<_>>())
                 .bind(operations.iter().map(|o| o.2).collect::<Vec<_>>())
                 .bind(operations.iter().map(|o| o.3).collect::<Vec<_>>())
                 .execute(&mut *tx)

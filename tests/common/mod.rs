@@ -257,3 +257,12 @@ pub async fn post_otlp(
         .expect("export");
     assert_eq!(response.status(), 200);
 }
+
+/// A plain-text fixture (`budgetscope::analyze::fixture`) with its own trace id.
+pub fn fixture_trace(id: u8, text: &str) -> Vec<budgetscope::model::Span> {
+    let mut spans = budgetscope::analyze::fixture::parse(text);
+    for span in &mut spans {
+        span.trace_id = budgetscope::model::TraceId([id; 16]);
+    }
+    spans
+}
