@@ -40,33 +40,38 @@ fn main() -> ExitCode {
 async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
     let config = args.validate()?;
     let server = budgetscope::server::start(&config).await?;
+    // Install the handlers before announcing readiness: whoever waits for "is up" may signal
+    // at once, and a SIGTERM that arrives before the handler exists kills the process
+    // without the drain.
+    let signal = shutdown_signal()?;
     eprintln!(
         "budgetscope is up: OTLP gRPC {}, OTLP HTTP http://{}/v1/traces, UI and API http://{}/",
         server.otlp_grpc_addr, server.otlp_http_addr, server.http_addr
     );
-    wait_for_signal().await;
+    signal.await;
     eprintln!("shutting down: finishing in-flight exports…");
     server.shutdown().await;
     Ok(())
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers SIGINT and SIGTERM handlers now and returns a future that resolves on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
