@@ -681,14 +681,17 @@ impl ChildServer {
 /// services in a chain, each hop receiving its remaining budget and forwarding less.
 /// Traces start within the last minute.
 pub fn generate(total_spans: usize, batch: usize) -> Vec<ExportTraceServiceRequest> {
-    generate_over(total_spans, batch, Duration::from_secs(60))
+    generate_over(total_spans, batch, Duration::from_secs(60), 0.0)
 }
 
-/// Traces start at random times within `spread` before now.
+/// Traces start at random times within `spread` before now. A share `trouble` (0–1) of
+/// them misbehave: one hop works so long before calling on that it overspends and sends
+/// the rest of the chain an already-spent budget, or a call forwards a fresh 5 s timeout.
 pub fn generate_over(
     total_spans: usize,
     batch: usize,
     spread: Duration,
+    trouble: f64,
 ) -> Vec<ExportTraceServiceRequest> {
     const SERVICES: [&str; 6] = [
         "edge",
@@ -710,13 +713,27 @@ pub fn generate_over(
         let mut budget: f64 = rng.random_range(300.0..2000.0);
         let mut parent: Vec<u8> = Vec::new();
         let hops = rng.random_range(3..=5);
+        // Which hop misbehaves, and how (true: slow, false: inflates).
+        let trouble_at = rng
+            .random_bool(trouble.clamp(0.0, 1.0))
+            .then(|| (rng.random_range(0..hops - 1), rng.random_bool(0.7)));
         for hop in 0..hops {
             let service = if hop == 0 {
                 0
             } else {
                 rng.random_range(1..SERVICES.len())
             };
-            let duration = rng.random_range(2_000_000..80_000_000u64);
+            let slow = trouble_at == Some((hop, true));
+            let spent = if slow {
+                budget + rng.random_range(20.0..300.0)
+            } else {
+                rng.random_range(1.0..20.0)
+            };
+            let duration = if slow {
+                (spent * 1e6) as u64 + rng.random_range(40_000_000..120_000_000u64)
+            } else {
+                rng.random_range(2_000_000..80_000_000u64)
+            };
             let server_id: [u8; 8] = rng.random();
             let mut attributes = vec![
                 kv_str(
@@ -760,8 +777,12 @@ pub fn generate_over(
             if hop + 1 == hops {
                 break;
             }
-            let spent = rng.random_range(1.0..20.0);
             budget -= spent;
+            let forwarded = if trouble_at == Some((hop, false)) {
+                5000.0
+            } else {
+                budget
+            };
             let client_id: [u8; 8] = rng.random();
             let call_start = start + (spent * 1e6) as u64;
             spans.push((
@@ -773,13 +794,17 @@ pub fn generate_over(
                     name: "POST".to_string(),
                     kind: 3,
                     start_time_unix_nano: call_start,
-                    end_time_unix_nano: call_start + duration / 2,
+                    end_time_unix_nano: if slow {
+                        start + duration - 1_000_000
+                    } else {
+                        call_start + duration / 2
+                    },
                     attributes: vec![
                         kv_str("http.request.method", "POST"),
                         kv_str("server.address", SERVICES[(service + 1) % SERVICES.len()]),
                         kv_str(
                             "http.request.header.x-request-budget-ms",
-                            &format!("{budget:.0}"),
+                            &format!("{forwarded:.0}"),
                         ),
                     ],
                     ..Default::default()
@@ -787,7 +812,7 @@ pub fn generate_over(
             ));
             parent = client_id.to_vec();
             start = call_start + 500_000;
-            budget -= 0.5;
+            budget = forwarded - 0.5;
         }
     }
     spans.truncate(total_spans);
@@ -1077,7 +1102,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     while written < bench.spans {
         let chunk = (bench.spans - written).min(100_000);
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
-        let spans: Vec<_> = generate_over(chunk, 512, day)
+        let spans: Vec<_> = generate_over(chunk, 512, day, 0.0)
             .into_iter()
             .flat_map(|r| normalize(r, &options, now).spans)
             .collect();

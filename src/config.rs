@@ -33,6 +33,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
     Analyze(crate::offline::AnalyzeArgs),
+    /// Send generated multi-hop traces with budgets to a running server, to try the UI.
+    Demo(crate::demo::DemoArgs),
     /// Measure budgetscope (method and figures: BENCHMARKS.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),

@@ -8,6 +8,8 @@ pub mod bench;
 pub mod budget;
 pub mod codec;
 pub mod config;
+pub mod demo;
+pub mod export;
 pub mod indexer;
 pub mod ingest;
 pub mod model;

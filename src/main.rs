@@ -26,6 +26,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve(args).await,
             Command::Bench(command) => budgetscope::bench::run(command).await,
             Command::Analyze(args) => budgetscope::offline::run(args),
+            Command::Demo(args) => budgetscope::demo::run(args).await,
         }
     });
     match result {

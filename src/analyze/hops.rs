@@ -85,6 +85,18 @@ impl Histogram {
         None
     }
 
+    /// Each non-empty bucket as (its representative value, count), in value order.
+    pub fn points(&self) -> Vec<(f64, i64)> {
+        let mut points: Vec<(f64, i64)> = self
+            .buckets
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(k, c)| (Self::value(*k), *c))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        points
+    }
+
     /// Compact text form for storage: `key:count,key:count`.
     pub fn encode(&self) -> String {
         self.buckets

@@ -84,6 +84,34 @@ pub async fn trace(
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
+/// `GET /api/traces/{id}/otlp`: the stored spans as an OTLP/JSON `ExportTraceServiceRequest`,
+/// as a download (`budgetscope analyze` and other OTLP tools read it).
+pub async fn trace_otlp(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_trace_id(&trace_id)?;
+    let spans = state.store.trace(id).await?;
+    if spans.is_empty() {
+        return Err(ApiError::not_found(
+            "trace_not_found",
+            format!("no spans stored for trace {id}; check the id, or search traces"),
+        ));
+    }
+    let body = crate::export::to_json(&spans);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"trace-{id}.otlp.json\""),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
 /// A trace with its analysis as JSON text, as `GET /api/traces/{id}` and
 /// `budgetscope analyze --json` give it.
 pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> String {

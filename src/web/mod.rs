@@ -5,13 +5,18 @@
 //! socket.
 
 pub mod api;
+mod assets;
+pub mod charts;
 pub mod error;
 pub mod hops;
+pub mod pages;
 pub mod search;
 
 use std::sync::Arc;
 
 use axum::Router;
+use axum::http::Uri;
+use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 
 use crate::analyze::AnalyzeOptions;
@@ -30,10 +35,26 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(api::readyz))
         .route("/api/traces", get(search::search))
         .route("/api/traces/{trace_id}", get(api::trace))
+        .route("/api/traces/{trace_id}/otlp", get(api::trace_otlp))
         .route("/api/hops", get(hops::hops))
         .route("/api/hops/{service}/{operation}/series", get(hops::series))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
-        .fallback(api::not_found)
+        .route("/", get(pages::overview::overview))
+        .route("/traces", get(pages::traces::traces))
+        .route("/traces/go", get(pages::traces::go))
+        .route("/traces/{trace_id}", get(pages::trace::trace))
+        .route("/hops/{service}/{operation}", get(pages::hop::hop))
+        .route("/static/{file}", get(assets::asset))
+        .fallback(not_found)
         .with_state(state)
+}
+
+/// Unknown paths: a JSON error under `/api/`, a page everywhere else.
+async fn not_found(uri: Uri) -> Response {
+    if uri.path().starts_with("/api/") {
+        api::not_found(uri).await.into_response()
+    } else {
+        pages::not_found(uri).await.into_response()
+    }
 }

@@ -1,0 +1,319 @@
+//! `/hops/{service}/{operation}`: one hop identity over a time range. Received-budget and
+//! burn distributions, deadline-exceeded over time (inherited vs local), which callers send
+//! it requests whose budget is already spent, and its recent flagged traces.
+
+use std::collections::{BTreeMap, HashMap};
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::{
+    Badge, MINUTE, PageError, RangeLink, TimeRange, flag_meaning, fmt_axis_time, fmt_duration,
+    fmt_opt_duration, fmt_percent, fmt_time, hop_href, html, now_unix_nano, query_string,
+    trace_href,
+};
+use crate::analyze::hops::{Histogram, Rollup};
+use crate::analyze::{Exceed, Role, analyze};
+use crate::model::{Span, TraceId};
+use crate::store::query::TraceQuery;
+use crate::web::AppState;
+use crate::web::charts::{self, Series};
+
+/// How many recent traces with an inherited exceed are analysed to find the callers.
+const CALLER_TRACES: u32 = 50;
+/// How many recent traces are listed.
+const RECENT: usize = 20;
+
+pub struct Caller {
+    pub service: String,
+    pub operation: String,
+    pub href: Option<String>,
+    pub count: usize,
+    pub example: String,
+}
+
+pub struct RecentTrace {
+    pub href: String,
+    pub start: String,
+    pub root: String,
+    pub outcome: &'static str,
+    pub duration: String,
+    pub budget: String,
+    pub badges: Vec<Badge>,
+}
+
+#[derive(Template)]
+#[template(path = "hop.html")]
+pub struct HopPage {
+    pub nav: &'static str,
+    pub service: String,
+    pub operation: String,
+    pub range: TimeRange,
+    pub range_links: Vec<RangeLink>,
+    pub range_keep: Vec<(String, String)>,
+    pub range_description: String,
+    pub facts: Vec<(&'static str, String)>,
+    pub has_data: bool,
+    pub budget_chart: String,
+    pub exceeded_chart: String,
+    pub burn_chart: String,
+    pub callers: Vec<Caller>,
+    pub callers_scanned: usize,
+    pub recent: Vec<RecentTrace>,
+    pub traces_href: String,
+}
+
+pub async fn hop(
+    State(state): State<AppState>,
+    Path((service, operation)): Path<(String, String)>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, PageError> {
+    let range = TimeRange::from_params(
+        params.get("range").map(String::as_str),
+        params.get("since").map(String::as_str),
+        params.get("until").map(String::as_str),
+        now_unix_nano(),
+    )?;
+    let (since, until) = range.aligned();
+    let step = range.step();
+    let rows = state
+        .store
+        .hop_rollups(
+            since,
+            until,
+            Some(&service),
+            Some(&operation),
+            step % (60 * MINUTE) == 0,
+        )
+        .await?;
+    let base_query = TraceQuery {
+        service: Some(service.clone()),
+        operation: Some(operation.clone()),
+        since_unix_nano: Some(range.since),
+        until_unix_nano: Some(range.until),
+        ..TraceQuery::default()
+    };
+    let recent = state
+        .store
+        .search_traces(&TraceQuery {
+            limit: 200,
+            ..base_query.clone()
+        })
+        .await?;
+    let spent = state
+        .store
+        .search_traces(&TraceQuery {
+            flag: Some(crate::analyze::Flag::InheritedExceed),
+            limit: CALLER_TRACES,
+            ..base_query
+        })
+        .await?;
+    let ids: Vec<TraceId> = spent.iter().map(|t| t.trace_id).collect();
+    let spans = if ids.is_empty() {
+        Vec::new()
+    } else {
+        state.store.traces(&ids).await?
+    };
+    let options = state.analyze.clone();
+    let (svc, op) = (service.clone(), operation.clone());
+    let callers = tokio::task::spawn_blocking(move || callers(&spans, &svc, &op, &options))
+        .await
+        .unwrap_or_default();
+
+    let mut merged = Rollup::default();
+    let first = since - since % step;
+    let buckets = (until - first).div_ceil(step) as usize;
+    let (mut local, mut inherited) = (vec![0.0; buckets], vec![0.0; buckets]);
+    for row in &rows {
+        merged.merge(&row.rollup);
+        let at = (row.minute_unix_nano.saturating_sub(first) / step) as usize;
+        if at < buckets {
+            local[at] += row.rollup.count("local_exceed") as f64;
+            inherited[at] += row.rollup.count("inherited_exceed") as f64;
+        }
+    }
+    let long_range = until - since > 1440 * MINUTE;
+    let labels: Vec<String> = (0..buckets)
+        .map(|i| fmt_axis_time(first + i as u64 * step, long_range))
+        .collect();
+    let range_query = range.query();
+    let facts = vec![
+        ("Requests", merged.requests.to_string()),
+        ("Local exceed", merged.count("local_exceed").to_string()),
+        (
+            "Inherited exceed",
+            merged.count("inherited_exceed").to_string(),
+        ),
+        ("Overspent", merged.count("overspent").to_string()),
+        ("Inflated", merged.count("inflated").to_string()),
+        ("Dropped", merged.count("dropped").to_string()),
+        ("Doomed", merged.count("doomed").to_string()),
+        ("Refused", merged.count("refused").to_string()),
+        ("Retries", merged.count("retry").to_string()),
+        ("Wasted", fmt_duration(merged.wasted_ms)),
+        ("Budget p50", fmt_opt_duration(merged.budget.quantile(0.5))),
+        ("Budget p95", fmt_opt_duration(merged.budget.quantile(0.95))),
+        ("Budget p99", fmt_opt_duration(merged.budget.quantile(0.99))),
+        ("Burn p50", fmt_percent(merged.burn.quantile(0.5))),
+        ("Burn p95", fmt_percent(merged.burn.quantile(0.95))),
+        ("Self p95", fmt_opt_duration(merged.self_ms.quantile(0.95))),
+    ];
+    let page = HopPage {
+        nav: "overview",
+        has_data: merged.requests > 0,
+        budget_chart: charts::histogram(
+            "Budget received (requests per bucket)",
+            &bins(&merged.budget, fmt_duration),
+            charts::NEUTRAL,
+        ),
+        exceeded_chart: charts::stacked_bars(
+            "Deadline exceeded per interval, local vs inherited",
+            &labels,
+            &[
+                Series {
+                    name: "local: the deadline passed in this hop",
+                    colour: charts::LOCAL,
+                    values: local,
+                },
+                Series {
+                    name: "inherited: arrived already spent",
+                    colour: charts::INHERITED,
+                    values: inherited,
+                },
+            ],
+        ),
+        burn_chart: charts::histogram(
+            "Burn: share of the request budget spent in this hop",
+            &bins(&merged.burn, |v| fmt_percent(Some(v))),
+            charts::NEUTRAL,
+        ),
+        callers: callers
+            .into_iter()
+            .map(|((service, operation), (count, example))| Caller {
+                href: (!service.is_empty()).then(|| hop_href(&service, &operation, &range_query)),
+                service,
+                operation,
+                count,
+                example: trace_href(&example),
+            })
+            .collect(),
+        callers_scanned: spent.len(),
+        recent: recent
+            .iter()
+            .filter(|t| !t.flag_counts.is_empty() || t.outcome.as_str() == "exceeded")
+            .take(RECENT)
+            .map(|t| RecentTrace {
+                href: trace_href(&t.trace_id.to_hex()),
+                start: fmt_time(t.start_unix_nano),
+                root: format!("{} {}", t.root_service, t.root_name),
+                outcome: t.outcome.as_str(),
+                duration: fmt_duration(t.duration_ms),
+                budget: fmt_opt_duration(t.budget_ms),
+                badges: t
+                    .flag_counts
+                    .iter()
+                    .map(|(f, n)| Badge::new(f.as_str(), Some(*n), flag_meaning(f.as_str()).into()))
+                    .collect(),
+            })
+            .collect(),
+        traces_href: format!(
+            "/traces{}",
+            query_string([
+                ("service", service.as_str()),
+                ("operation", operation.as_str()),
+                ("since", &range_since(&range) as &str),
+                ("until", range.until_text.as_str()),
+            ])
+        ),
+        range_links: range.links(&hop_href(&service, &operation, ""), &[]),
+        range_keep: Vec::new(),
+        range_description: range.description(),
+        range,
+        facts,
+        service,
+        operation,
+    };
+    Ok(html(StatusCode::OK, &page))
+}
+
+fn range_since(range: &TimeRange) -> String {
+    if range.key == "custom" {
+        range.since_text.clone()
+    } else {
+        format!("-{}", range.key)
+    }
+}
+
+/// A histogram re-binned into at most 16 equal-width bins for display.
+fn bins(histogram: &Histogram, label: impl Fn(f64) -> String) -> Vec<(String, f64)> {
+    let points = histogram.points();
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return Vec::new();
+    };
+    let (low, high) = (first.0, last.0);
+    let count = if high > low { 16 } else { 1 };
+    let width = ((high - low) / count as f64).max(f64::MIN_POSITIVE);
+    let mut out: Vec<(String, f64)> = (0..count)
+        .map(|i| (label(low + i as f64 * width), 0.0))
+        .collect();
+    for (value, n) in points {
+        let at = (((value - low) / width) as usize).min(count - 1);
+        out[at].1 += n as f64;
+    }
+    out
+}
+
+/// Who sent this hop requests that arrived already spent: (caller service, caller
+/// operation) → (how many, an example trace id). Callers outside any instrumented hop are
+/// keyed by empty strings.
+fn callers(
+    spans: &[Span],
+    service: &str,
+    operation: &str,
+    options: &crate::analyze::AnalyzeOptions,
+) -> BTreeMap<(String, String), (usize, String)> {
+    let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
+    for span in spans {
+        by_trace
+            .entry(span.trace_id)
+            .or_default()
+            .push(span.clone());
+    }
+    let mut out: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
+    for (id, spans) in by_trace {
+        let analysis = analyze(&spans, options);
+        let row_of: HashMap<usize, usize> = analysis
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| (row.span, r))
+            .collect();
+        let index: HashMap<_, usize> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.span_id, i))
+            .collect();
+        for row in &analysis.rows {
+            let span = &spans[row.span];
+            if row.role != Role::Hop
+                || row.exceed != Some(Exceed::Inherited)
+                || span.service != service
+                || span.name != operation
+            {
+                continue;
+            }
+            // The caller: the owner hop of the call span that reached this hop.
+            let call = span.parent_span_id.and_then(|p| index.get(&p).copied());
+            let owner = call
+                .and_then(|c| row_of.get(&c))
+                .and_then(|&r| analysis.rows[r].owner)
+                .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
+                .unwrap_or_default();
+            let entry = out.entry(owner).or_insert((0, id.to_hex()));
+            entry.0 += 1;
+        }
+    }
+    out
+}

@@ -1,0 +1,334 @@
+//! `/`: the hops table, deadline-exceeded over time (inherited vs local), the top budget
+//! burners, and for a new installation the steps to send the first traces.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::{
+    Badge, MINUTE, PageError, RangeLink, TimeRange, fmt_axis_time, fmt_duration, fmt_opt_duration,
+    fmt_percent, hop_href, html, now_unix_nano, query_string,
+};
+use crate::analyze::hops::Rollup;
+use crate::store::rollup::HopRollupRow;
+use crate::web::AppState;
+use crate::web::charts::{self, Series};
+
+/// Sortable columns: (URL key, header, default order descending?).
+const COLUMNS: [(&str, &str, bool); 12] = [
+    ("service", "Service", false),
+    ("operation", "Operation", false),
+    ("requests", "Requests", true),
+    ("local_exceed", "Local exceed", true),
+    ("inherited_exceed", "Inherited exceed", true),
+    ("overspent", "Overspent", true),
+    ("inflated", "Inflated", true),
+    ("dropped", "Dropped", true),
+    ("wasted_ms", "Wasted", true),
+    ("budget_p50", "Budget p50", true),
+    ("budget_p95", "Budget p95", true),
+    ("burn_p95", "Burn p95", true),
+];
+
+pub struct Header {
+    pub label: &'static str,
+    pub href: String,
+    /// `ascending`, `descending` or `none`, for `aria-sort`.
+    pub sort: &'static str,
+    pub numeric: bool,
+}
+
+pub struct HopRow {
+    pub service: String,
+    pub operation: String,
+    pub href: String,
+    pub requests: i64,
+    pub local: i64,
+    pub inherited: i64,
+    pub overspent: i64,
+    pub inflated: i64,
+    pub dropped: i64,
+    pub wasted: String,
+    pub budget_p50: String,
+    pub budget_p95: String,
+    pub burn_p95: String,
+}
+
+pub struct Burner {
+    pub service: String,
+    pub operation: String,
+    pub href: String,
+    pub burn_p95: String,
+    pub self_p95: String,
+    /// Width of the bar, 0–100.
+    pub bar: f64,
+    pub requests: i64,
+}
+
+#[derive(Template)]
+#[template(path = "overview.html")]
+pub struct OverviewPage {
+    pub nav: &'static str,
+    pub range: TimeRange,
+    pub range_links: Vec<RangeLink>,
+    /// Parameters the custom-range form carries along.
+    pub range_keep: Vec<(String, String)>,
+    pub range_description: String,
+    /// Nothing was ever stored: show how to send traces.
+    pub first_run: bool,
+    pub headers: Vec<Header>,
+    pub hops: Vec<HopRow>,
+    pub total_requests: i64,
+    pub total_local: i64,
+    pub total_inherited: i64,
+    pub chart: String,
+    pub chart_rows: Vec<(String, i64, i64)>,
+    pub burners: Vec<Burner>,
+    pub legend: Vec<Badge>,
+    pub exceeded_href: String,
+}
+
+pub async fn overview(
+    State(state): State<AppState>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, PageError> {
+    let range = TimeRange::from_params(
+        params.get("range").map(String::as_str),
+        params.get("since").map(String::as_str),
+        params.get("until").map(String::as_str),
+        now_unix_nano(),
+    )?;
+    let (since, until) = range.aligned();
+    let step = range.step();
+    let hourly = step % (60 * MINUTE) == 0;
+    let rows = state
+        .store
+        .hop_rollups(since, until, None, None, hourly)
+        .await?;
+    let first_run = rows.is_empty() && state.store.services().await?.is_empty();
+    let sort = params
+        .get("sort")
+        .map(String::as_str)
+        .unwrap_or("local_exceed");
+    let descending = params.get("order").map(String::as_str) != Some("asc");
+    let page = build(range, &rows, step, first_run, sort, descending);
+    Ok(html(StatusCode::OK, &page))
+}
+
+/// The page from rollup rows; pure, so the benchmark and tests can call it.
+pub fn build(
+    range: TimeRange,
+    rows: &[HopRollupRow],
+    step: u64,
+    first_run: bool,
+    sort: &str,
+    descending: bool,
+) -> OverviewPage {
+    let (since, until) = range.aligned();
+    let mut merged: BTreeMap<(&str, &str), Rollup> = BTreeMap::new();
+    let first = since - since % step;
+    let buckets = ((until - first).div_ceil(step)) as usize;
+    let mut local = vec![0.0; buckets];
+    let mut inherited = vec![0.0; buckets];
+    for row in rows {
+        merged
+            .entry((&row.service, &row.operation))
+            .or_default()
+            .merge(&row.rollup);
+        let at = ((row.minute_unix_nano.saturating_sub(first)) / step) as usize;
+        if at < buckets {
+            local[at] += row.rollup.count("local_exceed") as f64;
+            inherited[at] += row.rollup.count("inherited_exceed") as f64;
+        }
+    }
+    let range_query = range.query();
+    let mut hops: Vec<(HopRow, Vec<f64>)> = merged
+        .iter()
+        .map(|((service, operation), r)| {
+            let q = |h: &crate::analyze::hops::Histogram, p| h.quantile(p);
+            let keys = vec![
+                0.0,
+                0.0,
+                r.requests as f64,
+                r.count("local_exceed") as f64,
+                r.count("inherited_exceed") as f64,
+                r.count("overspent") as f64,
+                r.count("inflated") as f64,
+                r.count("dropped") as f64,
+                r.wasted_ms,
+                q(&r.budget, 0.5).unwrap_or(f64::NEG_INFINITY),
+                q(&r.budget, 0.95).unwrap_or(f64::NEG_INFINITY),
+                q(&r.burn, 0.95).unwrap_or(f64::NEG_INFINITY),
+            ];
+            (
+                HopRow {
+                    service: service.to_string(),
+                    operation: operation.to_string(),
+                    href: hop_href(service, operation, &range_query),
+                    requests: r.requests,
+                    local: r.count("local_exceed"),
+                    inherited: r.count("inherited_exceed"),
+                    overspent: r.count("overspent"),
+                    inflated: r.count("inflated"),
+                    dropped: r.count("dropped"),
+                    wasted: fmt_duration(r.wasted_ms),
+                    budget_p50: fmt_opt_duration(q(&r.budget, 0.5)),
+                    budget_p95: fmt_opt_duration(q(&r.budget, 0.95)),
+                    burn_p95: fmt_percent(q(&r.burn, 0.95)),
+                },
+                keys,
+            )
+        })
+        .collect();
+    let column = COLUMNS
+        .iter()
+        .position(|(key, _, _)| *key == sort)
+        .unwrap_or(3);
+    hops.sort_by(|(a, ka), (b, kb)| {
+        let order = match column {
+            0 => a
+                .service
+                .cmp(&b.service)
+                .then(a.operation.cmp(&b.operation)),
+            1 => a
+                .operation
+                .cmp(&b.operation)
+                .then(a.service.cmp(&b.service)),
+            c => ka[c]
+                .total_cmp(&kb[c])
+                .then(a.requests.cmp(&b.requests))
+                .then(b.service.cmp(&a.service)),
+        };
+        if descending { order.reverse() } else { order }
+    });
+    let current = COLUMNS[column].0;
+    let headers = COLUMNS
+        .iter()
+        .enumerate()
+        .map(|(i, (key, label, default_descending))| {
+            // Clicking the current column flips its order; another column starts at its default.
+            let next_descending = if *key == current {
+                !descending
+            } else {
+                *default_descending
+            };
+            let mut pairs = range.pairs();
+            pairs.push(("sort", key));
+            pairs.push(("order", if next_descending { "desc" } else { "asc" }));
+            Header {
+                label,
+                href: format!("/{}", query_string(pairs)),
+                sort: match (*key == current, descending) {
+                    (true, true) => "descending",
+                    (true, false) => "ascending",
+                    _ => "none",
+                },
+                numeric: i >= 2,
+            }
+        })
+        .collect();
+
+    let mut burners: Vec<(&(&str, &str), &Rollup, f64)> = merged
+        .iter()
+        .filter_map(|(key, r)| Some((key, r, r.burn.quantile(0.95)?)))
+        .filter(|(_, _, burn)| *burn > 0.0)
+        .collect();
+    burners.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let top = burners.first().map_or(1.0, |b| b.2.max(1e-9));
+    let burners = burners
+        .into_iter()
+        .take(5)
+        .map(|((service, operation), r, burn)| Burner {
+            service: service.to_string(),
+            operation: operation.to_string(),
+            href: hop_href(service, operation, &range_query),
+            burn_p95: fmt_percent(Some(burn)),
+            self_p95: fmt_opt_duration(r.self_ms.quantile(0.95)),
+            bar: (burn / top * 100.0).clamp(1.0, 100.0),
+            requests: r.requests,
+        })
+        .collect();
+
+    let long_range = until - since > 1440 * MINUTE;
+    let labels: Vec<String> = (0..buckets)
+        .map(|i| fmt_axis_time(first + i as u64 * step, long_range))
+        .collect();
+    let chart_rows = labels
+        .iter()
+        .zip(local.iter().zip(&inherited))
+        .filter(|(_, (l, i))| **l > 0.0 || **i > 0.0)
+        .map(|(label, (l, i))| (label.clone(), *l as i64, *i as i64))
+        .collect();
+    let chart = charts::stacked_bars(
+        "Deadline exceeded per interval, local vs inherited",
+        &labels,
+        &[
+            Series {
+                name: "local: the deadline passed in this hop",
+                colour: charts::LOCAL,
+                values: local,
+            },
+            Series {
+                name: "inherited: arrived already spent",
+                colour: charts::INHERITED,
+                values: inherited,
+            },
+        ],
+    );
+    let total_requests = hops.iter().map(|(h, _)| h.requests).sum();
+    let total_local = hops.iter().map(|(h, _)| h.local).sum();
+    let total_inherited = hops.iter().map(|(h, _)| h.inherited).sum();
+    let legend = crate::analyze::Flag::ALL
+        .iter()
+        .map(|f| {
+            Badge::new(
+                f.as_str(),
+                None,
+                super::flag_meaning(f.as_str()).to_string(),
+            )
+        })
+        .collect();
+    let mut exceeded = range.pairs();
+    exceeded.retain(|(k, _)| *k != "range");
+    let exceeded_href = format!(
+        "/traces{}",
+        query_string(
+            [
+                ("outcome", "exceeded"),
+                ("since", &enc_since(&range) as &str)
+            ]
+            .into_iter()
+            .chain(exceeded.into_iter().filter(|(k, _)| *k == "until"))
+        )
+    );
+    OverviewPage {
+        nav: "overview",
+        range_links: range.links("/", &[]),
+        range_keep: Vec::new(),
+        range_description: range.description(),
+        range,
+        first_run,
+        headers,
+        hops: hops.into_iter().map(|(h, _)| h).collect(),
+        total_requests,
+        total_local,
+        total_inherited,
+        chart,
+        chart_rows,
+        burners,
+        legend,
+        exceeded_href,
+    }
+}
+
+/// The range's start as the search page's `since` value.
+fn enc_since(range: &TimeRange) -> String {
+    if range.key == "custom" {
+        range.since_text.clone()
+    } else {
+        format!("-{}", range.key)
+    }
+}

@@ -1,0 +1,631 @@
+//! `/traces/{id}`: the budget waterfall. A one-sentence verdict, then one row per span in
+//! waterfall order with its time bar, its budget window (start to its deadline), the part
+//! past its deadline, the request deadline as a vertical line, flag badges with messages,
+//! self time and burn; a detail panel for the selected span (`?span=`); skew-adjusted or
+//! raw times (`?times=raw`); text/attribute highlight (`?q=`); OTLP JSON download.
+//!
+//! Large traces stay usable: past `COLLAPSE_ABOVE` rows, subtrees below depth 2 start
+//! collapsed (except the paths to the selected and the highlighted spans), and the browser
+//! skips laying out rows off screen (`content-visibility` in the stylesheet).
+
+use std::collections::{BTreeMap, HashMap};
+
+use askama::Template;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::{
+    Badge, PageError, enc, fmt_duration, fmt_opt_duration, fmt_percent, fmt_time, hop_href, html,
+    query_string,
+};
+use crate::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
+use crate::codec;
+use crate::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
+use crate::web::AppState;
+use crate::web::api::parse_trace_id;
+
+/// Traces with more rows than this start with deep subtrees collapsed.
+pub const COLLAPSE_ABOVE: usize = 200;
+
+pub struct WfRow {
+    pub id: String,
+    pub depth: usize,
+    pub indent: usize,
+    pub has_children: bool,
+    pub collapsed: bool,
+    pub hidden: bool,
+    pub service: String,
+    pub name: String,
+    pub role: &'static str,
+    pub href: String,
+    pub bar_left: String,
+    pub bar_width: String,
+    pub over_left: String,
+    pub over_width: String,
+    pub has_over: bool,
+    pub over_text: String,
+    pub window_left: String,
+    pub window_width: String,
+    pub has_window: bool,
+    pub duration: String,
+    pub budget: String,
+    pub self_ms: String,
+    pub burn: String,
+    pub badges: Vec<Badge>,
+    pub exceed: &'static str,
+    pub error: bool,
+    pub matched: bool,
+    pub selected: bool,
+}
+
+pub struct Detail {
+    pub id: String,
+    pub parent: String,
+    pub service: String,
+    pub name: String,
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub status: String,
+    pub start: String,
+    pub offset: String,
+    pub duration: String,
+    pub numbers: Vec<(&'static str, String)>,
+    pub flags: Vec<(&'static str, String)>,
+    pub warnings: Vec<String>,
+    pub attributes: Vec<(String, String)>,
+    pub resource: Vec<(String, String)>,
+    pub events: Vec<(String, String, String)>,
+    pub links: Vec<(String, String)>,
+    pub scope: String,
+    pub hop_href: Option<String>,
+    pub close_href: String,
+}
+
+#[derive(Template)]
+#[template(path = "trace.html")]
+pub struct TracePage {
+    pub nav: &'static str,
+    pub trace_id: String,
+    pub title: String,
+    pub verdict: String,
+    pub outcome: &'static str,
+    pub facts: Vec<(&'static str, String)>,
+    pub flag_summary: Vec<Badge>,
+    pub raw: bool,
+    pub times_href: String,
+    pub times_label: &'static str,
+    pub skewed_rows: usize,
+    pub q: String,
+    pub span_param: String,
+    pub matches: usize,
+    pub ticks: Vec<(String, String)>,
+    pub deadline_at: Option<String>,
+    pub deadline_label: String,
+    pub rows: Vec<WfRow>,
+    pub detail: Option<Detail>,
+    pub span_missing: bool,
+    pub download_href: String,
+    pub json_href: String,
+}
+
+pub async fn trace(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, PageError> {
+    let id = parse_trace_id(trace_id.trim())?;
+    let spans = state.store.trace(id).await?;
+    if spans.is_empty() {
+        return Err(PageError::not_found(
+            "Trace not found",
+            format!(
+                "No spans are stored for trace {id}. It may not have been exported yet (exporters batch for a few seconds), \
+                 it may be older than the retention period, or the id may be mistyped. Search traces to find it."
+            ),
+        ));
+    }
+    let options = state.analyze.clone();
+    let view = View {
+        raw: params.get("times").map(String::as_str) == Some("raw"),
+        q: params
+            .get("q")
+            .map(|q| q.trim().to_string())
+            .unwrap_or_default(),
+        span: params
+            .get("span")
+            .map(|s| s.trim().to_lowercase())
+            .unwrap_or_default(),
+    };
+    // Large traces take real CPU: keep it off the async workers.
+    let response = tokio::task::spawn_blocking(move || {
+        let page = build(id, &spans, &options, &view);
+        html(StatusCode::OK, &page)
+    })
+    .await
+    .map_err(|_| PageError::bad_request("Drawing this trace was interrupted; reload the page."))?;
+    Ok(response)
+}
+
+/// What the URL asks to see.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    pub raw: bool,
+    pub q: String,
+    pub span: String,
+}
+
+impl View {
+    fn query(&self, span: Option<&str>, raw: bool) -> String {
+        query_string([
+            ("span", span.unwrap_or("")),
+            ("times", if raw { "raw" } else { "" }),
+            ("q", self.q.as_str()),
+        ])
+    }
+}
+
+fn pct(value: f64) -> String {
+    format!("{:.3}", value.clamp(0.0, 100.0))
+}
+
+/// The page for one trace; pure, so the benchmark and tests can call it.
+pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View) -> TracePage {
+    let analysis = analyze(spans, options);
+    let trace_id = id.to_hex();
+    let base = format!("/traces/{}", enc(&trace_id));
+    let (starts, deadlines) = offsets(spans, &analysis, view.raw);
+
+    let scale = analysis
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| starts[r] + row.duration_ms)
+        .chain(analysis.edge.and_then(|e| deadlines[e]))
+        .fold(0.0f64, f64::max)
+        .max(1e-6);
+    let at = |ms: f64| ms / scale * 100.0;
+
+    // Tree shape from depths (rows are depth-first).
+    let n = analysis.rows.len();
+    let mut parent_row: Vec<Option<usize>> = vec![None; n];
+    let mut stack: Vec<usize> = Vec::new();
+    for (r, row) in analysis.rows.iter().enumerate() {
+        while stack
+            .last()
+            .is_some_and(|&p| analysis.rows[p].depth >= row.depth)
+        {
+            stack.pop();
+        }
+        parent_row[r] = stack.last().copied();
+        stack.push(r);
+    }
+    let has_children: Vec<bool> = (0..n)
+        .map(|r| r + 1 < n && analysis.rows[r + 1].depth > analysis.rows[r].depth)
+        .collect();
+
+    let needle = view.q.to_lowercase();
+    let matched: Vec<bool> = analysis
+        .rows
+        .iter()
+        .map(|row| !needle.is_empty() && matches(&spans[row.span], &needle))
+        .collect();
+    let selected_row = analysis
+        .rows
+        .iter()
+        .position(|row| spans[row.span].span_id.to_hex() == view.span);
+
+    // Which rows start collapsed: deep ones in big traces, never on the way to a selected
+    // or highlighted span.
+    let mut collapsed: Vec<bool> = (0..n)
+        .map(|r| n > COLLAPSE_ABOVE && has_children[r] && analysis.rows[r].depth >= 2)
+        .collect();
+    for r in (0..n).filter(|&r| matched[r] || Some(r) == selected_row) {
+        let mut up = parent_row[r];
+        while let Some(p) = up {
+            collapsed[p] = false;
+            up = parent_row[p];
+        }
+    }
+    let mut hidden = vec![false; n];
+    for r in 0..n {
+        hidden[r] = parent_row[r].is_some_and(|p| hidden[p] || collapsed[p]);
+    }
+
+    let rows: Vec<WfRow> = analysis
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| {
+            let span = &spans[row.span];
+            let id = span.span_id.to_hex();
+            let start = starts[r];
+            let end = start + row.duration_ms;
+            let deadline = deadlines[r];
+            let over_from = deadline.filter(|d| *d < end).map(|d| d.max(start));
+            let over_ms = over_from.map_or(0.0, |from| end - from);
+            WfRow {
+                href: format!("{base}{}#row-{id}", view.query(Some(&id), view.raw)),
+                depth: row.depth,
+                indent: row.depth.min(40) * 14,
+                has_children: has_children[r],
+                collapsed: collapsed[r],
+                hidden: hidden[r],
+                service: span.service.clone(),
+                name: span.name.clone(),
+                role: row.role.as_str(),
+                bar_left: pct(at(start)),
+                bar_width: pct(at(row.duration_ms).max(0.15)),
+                over_left: pct(at(over_from.unwrap_or(0.0))),
+                over_width: pct(at(over_ms)),
+                has_over: over_ms > 0.0,
+                over_text: if over_ms > 0.0 {
+                    format!("ran {} past its deadline", fmt_duration(over_ms))
+                } else {
+                    String::new()
+                },
+                window_left: pct(at(start)),
+                window_width: pct(at(deadline.map_or(0.0, |d| (d - start).max(0.0)))),
+                has_window: deadline.is_some_and(|d| d > start),
+                duration: fmt_duration(row.duration_ms),
+                budget: fmt_opt_duration(row.budget_ms),
+                self_ms: fmt_opt_duration(row.self_ms),
+                burn: fmt_percent(row.burn),
+                badges: row
+                    .flags
+                    .iter()
+                    .map(|f| Badge::new(f.flag.as_str(), None, f.message.clone()))
+                    .collect(),
+                exceed: row.exceed.map_or("", |e| e.as_str()),
+                error: span.status.code == SpanStatus::Error,
+                matched: matched[r],
+                selected: Some(r) == selected_row,
+                id,
+            }
+        })
+        .collect();
+
+    let detail = selected_row.map(|r| detail(spans, &analysis, r, &base, view, starts[r]));
+    let edge_deadline = analysis.edge.and_then(|e| deadlines[e]);
+    let root_row = analysis.edge.or(if n > 0 { Some(0) } else { None });
+    let title = root_row
+        .map(|r| {
+            let s = &spans[analysis.rows[r].span];
+            format!("{} {}", s.service, s.name)
+        })
+        .unwrap_or_else(|| format!("Trace {trace_id}"));
+    let mut facts = vec![
+        ("Duration", fmt_duration(analysis.duration_ms)),
+        ("Request budget", fmt_opt_duration(analysis.budget_ms)),
+        ("Spans", spans.len().to_string()),
+        (
+            "Services",
+            spans
+                .iter()
+                .map(|s| s.service.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                .to_string(),
+        ),
+        (
+            "Started",
+            spans
+                .iter()
+                .map(|s| s.start_unix_nano)
+                .min()
+                .map(fmt_time)
+                .unwrap_or_default(),
+        ),
+    ];
+    if !analysis.calls_reaching.is_empty() {
+        let reaching: Vec<String> = analysis
+            .calls_reaching
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(service, n)| format!("{service} ×{n}"))
+            .collect();
+        if !reaching.is_empty() {
+            facts.push(("Requests reaching", reaching.join(", ")));
+        }
+    }
+    let skewed_rows = analysis
+        .rows
+        .iter()
+        .filter(|r| r.skew_shift_ms.abs() > 1e-9)
+        .count();
+    TracePage {
+        nav: "traces",
+        verdict: verdict(spans, &analysis),
+        outcome: analysis.outcome.as_str(),
+        facts,
+        flag_summary: analysis
+            .flag_counts
+            .iter()
+            .map(|(f, n)| {
+                Badge::new(
+                    f.as_str(),
+                    Some(*n),
+                    super::flag_meaning(f.as_str()).to_string(),
+                )
+            })
+            .collect(),
+        raw: view.raw,
+        times_href: format!("{base}{}", view.query(Some(&view.span), !view.raw)),
+        times_label: if view.raw {
+            "Show skew-adjusted times"
+        } else {
+            "Show raw times"
+        },
+        skewed_rows,
+        q: view.q.clone(),
+        span_param: view.span.clone(),
+        matches: matched.iter().filter(|m| **m).count(),
+        ticks: (0..=4)
+            .map(|k| (pct(k as f64 * 25.0), fmt_duration(scale * k as f64 / 4.0)))
+            .collect(),
+        deadline_at: edge_deadline.map(|d| pct(at(d))),
+        deadline_label: edge_deadline
+            .map(|d| format!("request deadline at {}", fmt_duration(d)))
+            .unwrap_or_default(),
+        rows,
+        detail,
+        span_missing: !view.span.is_empty() && selected_row.is_none(),
+        download_href: format!("/api/traces/{}/otlp", enc(&trace_id)),
+        json_href: format!("/api/traces/{}", enc(&trace_id)),
+        title,
+        trace_id,
+    }
+}
+
+/// Start and deadline offsets per row: the analysis' skew-adjusted ones, or raw times.
+fn offsets(spans: &[Span], analysis: &Analysis, raw: bool) -> (Vec<f64>, Vec<Option<f64>>) {
+    if !raw {
+        return (
+            analysis.rows.iter().map(|r| r.start_offset_ms).collect(),
+            analysis.rows.iter().map(|r| r.deadline_offset_ms).collect(),
+        );
+    }
+    let t0 = spans.iter().map(|s| s.start_unix_nano).min().unwrap_or(0);
+    let raw_start: Vec<f64> = analysis
+        .rows
+        .iter()
+        .map(|r| spans[r.span].start_unix_nano.saturating_sub(t0) as f64 / 1e6)
+        .collect();
+    // The adjusted timeline starts at `origin` = min(raw start + shift) of the raw one.
+    let origin = analysis
+        .rows
+        .iter()
+        .zip(&raw_start)
+        .map(|(r, s)| s + r.skew_shift_ms)
+        .fold(f64::INFINITY, f64::min);
+    let origin = if origin.is_finite() { origin } else { 0.0 };
+    let shift_of_span: HashMap<usize, f64> = analysis
+        .rows
+        .iter()
+        .map(|r| (r.span, r.skew_shift_ms))
+        .collect();
+    let deadlines = analysis
+        .rows
+        .iter()
+        .map(|r| {
+            let owner = if r.role == Role::Hop {
+                Some(r.span)
+            } else {
+                r.owner
+            };
+            let shift = owner
+                .and_then(|o| shift_of_span.get(&o))
+                .copied()
+                .unwrap_or(0.0);
+            r.deadline_offset_ms.map(|d| d - shift + origin)
+        })
+        .collect();
+    (raw_start, deadlines)
+}
+
+fn matches(span: &Span, needle: &str) -> bool {
+    let hit = |text: &str| text.to_lowercase().contains(needle);
+    hit(&span.service)
+        || hit(&span.name)
+        || hit(&span.span_id.to_hex())
+        || span
+            .attributes
+            .iter()
+            .chain(span.resource.iter())
+            .any(|(k, v)| hit(&format!("{k}={}", display_value(v))))
+}
+
+/// The verdict sentence at the top of the page.
+pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
+    let burner = analysis.burner.map(|r| {
+        let row = &analysis.rows[r];
+        let span = &spans[row.span];
+        (
+            format!("{} {}", span.service, span.name),
+            row.self_ms.unwrap_or(0.0),
+        )
+    });
+    match (analysis.outcome, analysis.budget_ms) {
+        (Outcome::NoBudget, _) | (_, None) => "No budget recorded: add deadline.remaining_ms (the milliseconds left before the \
+             caller's deadline) to each service's server span, or capture X-Request-Budget-Ms or grpc-timeout; \
+             this trace is shown without budget analysis."
+            .to_string(),
+        (Outcome::Exceeded, Some(budget)) => {
+            let edge_overspent = analysis.edge.is_some_and(|e| {
+                analysis.rows[e]
+                    .flags
+                    .iter()
+                    .any(|f| f.flag == crate::analyze::Flag::Overspent)
+            });
+            match burner {
+                Some((who, own)) if edge_overspent => format!(
+                    "Exceeded: {who} used {} of a {} budget (the request took {}).",
+                    fmt_duration(own),
+                    fmt_duration(budget),
+                    fmt_duration(analysis.duration_ms)
+                ),
+                _ if edge_overspent => format!(
+                    "Exceeded: the request took {} of a {} budget.",
+                    fmt_duration(analysis.duration_ms),
+                    fmt_duration(budget)
+                ),
+                Some((who, own)) => format!(
+                    "Exceeded: the request ended with a deadline-exceeded status after {} of its {} budget; \
+                     {who} used the most ({}).",
+                    fmt_duration(analysis.duration_ms),
+                    fmt_duration(budget),
+                    fmt_duration(own)
+                ),
+                None => format!(
+                    "Exceeded: the request ended with a deadline-exceeded status after {} of its {} budget.",
+                    fmt_duration(analysis.duration_ms),
+                    fmt_duration(budget)
+                ),
+            }
+        }
+        (Outcome::Ok, Some(budget)) => {
+            let took = analysis
+                .edge
+                .map_or(analysis.duration_ms, |e| analysis.rows[e].duration_ms);
+            let mut text = match burner {
+                Some((who, own)) => format!(
+                    "Within budget: the request took {} of its {} budget; {who} used the most ({}).",
+                    fmt_duration(took),
+                    fmt_duration(budget),
+                    fmt_duration(own)
+                ),
+                None => format!(
+                    "Within budget: the request took {} of its {} budget.",
+                    fmt_duration(took),
+                    fmt_duration(budget)
+                ),
+            };
+            if let Some(n) = analysis.flag_counts.get(&crate::analyze::Flag::Wasted) {
+                text.push_str(&format!(
+                    " But {n} span{} kept working after {} caller gave up.",
+                    if *n == 1 { "" } else { "s" },
+                    if *n == 1 { "its" } else { "their" }
+                ));
+            }
+            text
+        }
+    }
+}
+
+/// Attribute values as text: strings as they are, everything else as JSON.
+fn display_value(value: &AttrValue) -> String {
+    match value {
+        AttrValue::String(s) => s.clone(),
+        other => codec::value_to_json(other).to_string(),
+    }
+}
+
+fn pairs(attributes: &Attributes) -> Vec<(String, String)> {
+    attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), display_value(v)))
+        .collect()
+}
+
+fn detail(
+    spans: &[Span],
+    analysis: &Analysis,
+    r: usize,
+    base: &str,
+    view: &View,
+    start_offset: f64,
+) -> Detail {
+    let row = &analysis.rows[r];
+    let span = &spans[row.span];
+    let ms = |v: Option<f64>| v.map(fmt_duration);
+    let numbers: Vec<(&'static str, String)> = [
+        ("Budget received", ms(row.budget_ms)),
+        (
+            "Budget source",
+            span.budget.as_ref().map(|b| b.source.clone()),
+        ),
+        ("Available", ms(row.available_ms)),
+        ("Deadline at", ms(row.deadline_offset_ms)),
+        ("Self time", ms(row.self_ms)),
+        ("Burn", row.burn.map(|b| fmt_percent(Some(b)))),
+        ("Exceed", row.exceed.map(|e| e.as_str().to_string())),
+        ("Attempt", row.attempt.map(|a| a.to_string())),
+        ("Wasted", ms(row.wasted_ms)),
+        (
+            "Skew shift",
+            (row.skew_shift_ms.abs() > 1e-9).then(|| fmt_duration(row.skew_shift_ms)),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k, v)))
+    .collect();
+    let t0 = spans.iter().map(|s| s.start_unix_nano).min().unwrap_or(0);
+    let mut warnings = row.warnings.clone();
+    if span.warnings.iter().any(|w| !warnings.contains(w)) {
+        warnings.extend(
+            span.warnings
+                .iter()
+                .filter(|w| !row.warnings.contains(w))
+                .cloned(),
+        );
+    }
+    Detail {
+        id: span.span_id.to_hex(),
+        parent: span
+            .parent_span_id
+            .map(|p| p.to_hex())
+            .unwrap_or_else(|| "none (root)".into()),
+        service: span.service.clone(),
+        name: span.name.clone(),
+        kind: span.kind.as_str(),
+        role: row.role.as_str(),
+        status: if span.status.message.is_empty() {
+            span.status.code.as_str().to_string()
+        } else {
+            format!("{}: {}", span.status.code.as_str(), span.status.message)
+        },
+        start: fmt_time(span.start_unix_nano),
+        offset: fmt_duration(start_offset),
+        duration: fmt_duration(row.duration_ms),
+        numbers,
+        flags: row
+            .flags
+            .iter()
+            .map(|f| (f.flag.as_str(), f.message.clone()))
+            .collect(),
+        warnings,
+        attributes: pairs(&span.attributes),
+        resource: pairs(&span.resource),
+        events: span
+            .events
+            .iter()
+            .map(|e| {
+                let offset = (e.time_unix_nano as f64 - t0 as f64) / 1e6;
+                let attrs = pairs(&e.attributes)
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                (fmt_duration(offset), e.name.clone(), attrs)
+            })
+            .collect(),
+        links: span
+            .links
+            .iter()
+            .map(|l| {
+                let trace = l.trace_id.to_hex();
+                (
+                    format!("/traces/{}?span={}", enc(&trace), enc(&l.span_id.to_hex())),
+                    format!("trace {trace}, span {}", l.span_id.to_hex()),
+                )
+            })
+            .collect(),
+        scope: if span.scope.version.is_empty() {
+            span.scope.name.clone()
+        } else {
+            format!("{} {}", span.scope.name, span.scope.version)
+        },
+        hop_href: (row.role == Role::Hop).then(|| hop_href(&span.service, &span.name, "")),
+        close_href: format!("{base}{}", view.query(None, view.raw)),
+    }
+}

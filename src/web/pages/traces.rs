@@ -1,0 +1,272 @@
+//! `/traces`: the search form (every filter of `GET /api/traces`), results with outcome,
+//! budget, duration, a mini budget bar and flag badges, and cursor pagination. Also
+//! `/traces/go?trace_id=…`, the trace-id box.
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse as _, Redirect, Response};
+
+use super::{
+    Badge, PageError, enc, flag_meaning, fmt_duration, fmt_opt_duration, fmt_time, html,
+    now_unix_nano, query_string, trace_href,
+};
+use crate::analyze::Flag;
+use crate::analyze::summary::TraceSummary;
+use crate::store::query::Cursor;
+use crate::web::AppState;
+use crate::web::api::parse_trace_id;
+use crate::web::search::parse_query;
+
+/// The single-valued filters, in form order: (parameter, label, placeholder).
+const FIELDS: [(&str, &str, &str); 8] = [
+    ("min_duration_ms", "Min duration (ms)", "e.g. 500"),
+    ("max_duration_ms", "Max duration (ms)", ""),
+    ("min_budget_ms", "Min budget (ms)", ""),
+    ("max_budget_ms", "Max budget (ms)", ""),
+    ("since", "From", "-1h, RFC 3339 or unix ms"),
+    ("until", "To", "now"),
+    ("operation", "Operation", "e.g. GET /stock"),
+    ("limit", "Results per page", "20"),
+];
+
+pub struct Field {
+    pub name: &'static str,
+    pub label: &'static str,
+    pub placeholder: &'static str,
+    pub value: String,
+}
+
+pub struct Choice {
+    pub value: String,
+    pub label: String,
+    pub selected: bool,
+}
+
+pub struct TraceRow {
+    pub href: String,
+    pub trace_id: String,
+    pub short_id: String,
+    pub start: String,
+    pub root_service: String,
+    pub root_name: String,
+    pub outcome: &'static str,
+    pub outcome_label: &'static str,
+    pub budget: String,
+    pub duration: String,
+    /// Mini budget bar: the duration's width (0–100) on a scale where the budget is `budget_at`.
+    pub used: f64,
+    pub over: f64,
+    pub budget_at: f64,
+    pub has_budget: bool,
+    pub bar_title: String,
+    pub badges: Vec<Badge>,
+    pub span_count: usize,
+    pub burner: String,
+}
+
+#[derive(Template)]
+#[template(path = "traces.html")]
+pub struct TracesPage {
+    pub nav: &'static str,
+    pub services: Vec<Choice>,
+    pub flags: Vec<Choice>,
+    pub outcomes: Vec<Choice>,
+    pub fields: Vec<Field>,
+    pub attrs: Vec<String>,
+    pub error: Option<String>,
+    pub searched: bool,
+    pub rows: Vec<TraceRow>,
+    pub next_href: Option<String>,
+    pub first_href: Option<String>,
+    pub description: String,
+}
+
+pub async fn traces(
+    State(state): State<AppState>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Result<Response, PageError> {
+    let get = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let services = state.store.services().await?;
+    let service = get("service");
+    let flag = get("flag");
+    let outcome = get("outcome");
+    let attrs: Vec<String> = params
+        .iter()
+        .filter(|(k, v)| k == "attr" && !v.trim().is_empty())
+        .map(|(_, v)| v.trim().to_string())
+        .collect();
+    let mut page = TracesPage {
+        nav: "traces",
+        services: std::iter::once(Choice {
+            value: String::new(),
+            label: "any service".into(),
+            selected: service.is_empty(),
+        })
+        .chain(services.iter().map(|s| Choice {
+            value: s.clone(),
+            label: s.clone(),
+            selected: *s == service,
+        }))
+        .collect(),
+        flags: std::iter::once(("", "any flag"))
+            .chain(Flag::ALL.iter().map(|f| (f.as_str(), f.as_str())))
+            .map(|(value, label)| Choice {
+                value: value.into(),
+                label: label.replace('_', " "),
+                selected: value == flag,
+            })
+            .collect(),
+        outcomes: [
+            ("", "any outcome"),
+            ("exceeded", "exceeded"),
+            ("ok", "within budget"),
+            ("no_budget", "no budget"),
+        ]
+        .into_iter()
+        .map(|(value, label)| Choice {
+            value: value.into(),
+            label: label.into(),
+            selected: value == outcome,
+        })
+        .collect(),
+        fields: FIELDS
+            .iter()
+            .map(|(name, label, placeholder)| Field {
+                name,
+                label,
+                placeholder,
+                value: get(name),
+            })
+            .collect(),
+        attrs: attrs.clone(),
+        error: None,
+        searched: false,
+        rows: Vec::new(),
+        next_href: None,
+        first_href: None,
+        description: String::new(),
+    };
+    let now = now_unix_nano();
+    let mut query = match parse_query(&params, now) {
+        Ok(query) => query,
+        Err(error) => {
+            page.error = Some(error.message().to_string());
+            return Ok(html(StatusCode::BAD_REQUEST, &page));
+        }
+    };
+    // Without a range the page shows the newest traces of any age.
+    let limit = query.limit;
+    query.limit = limit + 1;
+    let mut found = state.store.search_traces(&query).await?;
+    let more = found.len() > limit as usize;
+    found.truncate(limit as usize);
+    page.searched = true;
+    page.rows = found.iter().map(row).collect();
+    // Pagination keeps every filter and replaces the cursor.
+    let kept: Vec<(&str, &str)> = params
+        .iter()
+        .filter(|(k, v)| k != "cursor" && !v.trim().is_empty())
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if more && let Some(last) = found.last() {
+        let cursor = Cursor {
+            start_unix_nano: last.start_unix_nano,
+            trace_id: last.trace_id,
+        }
+        .encode();
+        let mut pairs = kept.clone();
+        pairs.push(("cursor", &cursor));
+        page.next_href = Some(format!("/traces{}", query_string(pairs)));
+    }
+    if query.cursor.is_some() {
+        page.first_href = Some(format!("/traces{}", query_string(kept)));
+    }
+    page.description = match (page.rows.len(), query.cursor.is_some()) {
+        (0, _) => String::new(),
+        (n, false) => format!("{n} newest matching traces"),
+        (n, true) => format!("{n} older matching traces"),
+    };
+    Ok(html(StatusCode::OK, &page))
+}
+
+fn row(summary: &TraceSummary) -> TraceRow {
+    let id = summary.trace_id.to_hex();
+    let (used, over, budget_at, bar_title) = match summary.budget_ms {
+        Some(budget) if budget > 0.0 => {
+            let scale = budget.max(summary.duration_ms).max(1e-9);
+            let used = summary.duration_ms.min(budget) / scale * 100.0;
+            let over = (summary.duration_ms - budget).max(0.0) / scale * 100.0;
+            (
+                used,
+                over,
+                budget / scale * 100.0,
+                format!(
+                    "took {} of a {} budget",
+                    fmt_duration(summary.duration_ms),
+                    fmt_duration(budget)
+                ),
+            )
+        }
+        _ => (0.0, 0.0, 0.0, "no budget recorded".to_string()),
+    };
+    let (outcome_label, outcome) = match summary.outcome.as_str() {
+        "exceeded" => ("exceeded", "exceeded"),
+        "ok" => ("within budget", "ok"),
+        _ => ("no budget", "no_budget"),
+    };
+    TraceRow {
+        href: trace_href(&id),
+        short_id: id[..12].to_string(),
+        trace_id: id,
+        start: fmt_time(summary.start_unix_nano),
+        root_service: summary.root_service.clone(),
+        root_name: summary.root_name.clone(),
+        outcome,
+        outcome_label,
+        budget: fmt_opt_duration(summary.budget_ms),
+        duration: fmt_duration(summary.duration_ms),
+        used,
+        over,
+        budget_at,
+        has_budget: summary.budget_ms.is_some_and(|b| b > 0.0),
+        bar_title,
+        badges: summary
+            .flag_counts
+            .iter()
+            .map(|(flag, n)| {
+                Badge::new(
+                    flag.as_str(),
+                    Some(*n),
+                    flag_meaning(flag.as_str()).to_string(),
+                )
+            })
+            .collect(),
+        span_count: summary.span_count,
+        burner: summary
+            .burner
+            .as_ref()
+            .map(|(service, name, own)| format!("{service} {name} ({})", fmt_duration(*own)))
+            .unwrap_or_default(),
+    }
+}
+
+/// `/traces/go?trace_id=…`: the trace-id box.
+pub async fn go(Query(params): Query<Vec<(String, String)>>) -> Result<Response, PageError> {
+    let text = params
+        .iter()
+        .find(|(k, _)| k == "trace_id")
+        .map(|(_, v)| v.trim().to_lowercase())
+        .unwrap_or_default();
+    if text.is_empty() {
+        return Ok(Redirect::to("/traces").into_response());
+    }
+    let id = parse_trace_id(&text)?;
+    Ok(Redirect::to(&format!("/traces/{}", enc(&id.to_hex()))).into_response())
+}
