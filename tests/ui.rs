@@ -1,0 +1,356 @@
+//! The HTML pages: content through the router (`app(state).oneshot`) on both stores, the
+//! friendly error pages, and escaping of hostile span data sent through real OTLP ingest.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use budgetscope::analyze::AnalyzeOptions;
+use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
+use budgetscope::indexer::{IndexerOptions, index_pass};
+use budgetscope::model::Span;
+use budgetscope::store;
+use budgetscope::web::{AppState, app};
+use common::{TestDb, now_nanos, otlp_request, post_otlp, start};
+use tower::ServiceExt as _;
+
+struct Page {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn get(state: &AppState, uri: &str) -> Page {
+    let response = app(state.clone())
+        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Page {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+/// The inflated-checkout trace of BUDGET_SEMANTICS.md, a minute ago.
+fn checkout() -> Vec<Span> {
+    let mut spans = parse(
+        r#"
+edge server "GET /checkout" 0 1540 budget=800
+  edge client "GET /stock" 20 1500 budget=5000
+    inventory server "GET /stock" 25 1490 budget=5000
+"#,
+    );
+    let shift = now_nanos() - 60_000_000_000 - BASE_UNIX_NANO;
+    for span in &mut spans {
+        span.start_unix_nano += shift;
+        span.end_unix_nano += shift;
+    }
+    spans
+}
+
+#[tokio::test]
+async fn every_page_shows_the_budget_story() {
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.unwrap();
+        let state = AppState {
+            store: store.clone(),
+            analyze: AnalyzeOptions::default(),
+        };
+        let backend = db.backend;
+
+        // A new installation: the overview says how to send traces.
+        let first = get(&state, "/").await;
+        assert_eq!(first.status, StatusCode::OK);
+        assert!(
+            first
+                .body
+                .contains("OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318")
+                && first.body.contains("deadline.remaining_ms"),
+            "{backend}: empty state explains setup"
+        );
+
+        let spans = checkout();
+        store.write_spans(&spans).await.unwrap();
+        let options = IndexerOptions {
+            quiet_period: Duration::ZERO,
+            analyze: AnalyzeOptions::default(),
+        };
+        assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
+        let id = spans[0].trace_id.to_hex();
+        let inventory = spans[2].span_id.to_hex();
+
+        let overview = get(&state, "/?range=1h").await;
+        assert_eq!(overview.status, StatusCode::OK, "{backend}");
+        assert!(
+            overview.headers[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        assert!(!overview.body.contains("No traces yet"), "{backend}");
+        assert!(
+            overview
+                .body
+                .contains(r#"href="/hops/inventory/GET%20%2Fstock?range=1h""#),
+            "{backend}: hop rows link to the hop page"
+        );
+        assert!(overview.body.contains(r#"<svg class="chart""#), "chart");
+        assert!(
+            overview
+                .body
+                .contains(r#"aria-current="true" class="on">1 hour"#)
+        );
+        // Sorting is a link that keeps the range.
+        assert!(
+            overview
+                .body
+                .contains(r#"href="/?range=1h&#38;sort=requests&#38;order=desc""#),
+            "{backend}"
+        );
+        let sorted = get(&state, "/?range=1h&sort=service&order=asc").await;
+        let (edge_at, inventory_at) = (
+            sorted.body.find("<td>edge</td>").unwrap(),
+            sorted.body.find("<td>inventory</td>").unwrap(),
+        );
+        assert!(edge_at < inventory_at, "sorted by service ascending");
+
+        let traces = get(&state, "/traces?outcome=exceeded&flag=inflated").await;
+        assert_eq!(traces.status, StatusCode::OK);
+        assert!(
+            traces.body.contains(&format!(r#"href="/traces/{id}""#)),
+            "{backend}"
+        );
+        assert!(traces.body.contains(r#"<span class="badge f-inflated""#));
+        assert!(
+            traces
+                .body
+                .contains(r#"<option value="exceeded" selected>"#)
+        );
+        let none = get(&state, "/traces?outcome=ok").await;
+        assert!(none.body.contains("No analysed trace matches"));
+
+        let trace = get(&state, &format!("/traces/{id}")).await;
+        assert_eq!(trace.status, StatusCode::OK, "{backend}");
+        assert!(
+            trace.body.contains(
+                "Exceeded: inventory GET /stock used 1.49 s of a 800 ms budget (the request took 1.54 s)."
+            ),
+            "{backend}: verdict"
+        );
+        assert!(trace.body.contains("forwarded 5000 ms with 780 ms left"));
+        assert!(
+            trace.body.contains("style=\"--dl: "),
+            "request deadline line"
+        );
+        assert!(
+            trace.body.contains(r#"class="bar over""#),
+            "past-deadline part"
+        );
+        assert!(trace.body.contains("Show raw times"));
+        assert!(
+            trace
+                .body
+                .contains(&format!(r#"href="/api/traces/{id}/otlp" download"#))
+        );
+
+        let detail = get(&state, &format!("/traces/{id}?span={inventory}")).await;
+        assert!(detail.body.contains(r#"<aside class="detail""#));
+        assert!(
+            detail
+                .body
+                .contains("<dt>Budget source</dt><dd>deadline.remaining_ms</dd>")
+        );
+        assert!(
+            detail
+                .body
+                .contains(r#"href="/hops/inventory/GET%20%2Fstock""#)
+        );
+        let raw = get(&state, &format!("/traces/{id}?times=raw")).await;
+        assert!(raw.body.contains("Show skew-adjusted times"));
+        let found = get(&state, &format!("/traces/{id}?q=inventory")).await;
+        assert!(found.body.contains("1 matching span<"), "{backend}");
+
+        let hop = get(&state, "/hops/inventory/GET%20%2Fstock?range=1h").await;
+        assert_eq!(hop.status, StatusCode::OK);
+        assert!(hop.body.contains("Budget received") && hop.body.contains("Burn"));
+        assert!(
+            hop.body.contains(&format!(r#"href="/traces/{id}""#)),
+            "recent flagged"
+        );
+
+        let download = get(&state, &format!("/api/traces/{id}/otlp")).await;
+        assert!(
+            download.headers[header::CONTENT_DISPOSITION]
+                .to_str()
+                .unwrap()
+                .contains(&format!("trace-{id}.otlp.json"))
+        );
+        let request: opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest =
+            serde_json::from_str(&download.body).unwrap();
+        let count: usize = request
+            .resource_spans
+            .iter()
+            .flat_map(|r| &r.scope_spans)
+            .map(|s| s.spans.len())
+            .sum();
+        assert_eq!(count, 3);
+
+        let go = get(
+            &state,
+            &format!("/traces/go?trace_id=%20{}%20", id.to_uppercase()),
+        )
+        .await;
+        assert_eq!(go.status, StatusCode::SEE_OTHER);
+        assert_eq!(go.headers[header::LOCATION], format!("/traces/{id}"));
+    }
+}
+
+#[tokio::test]
+async fn errors_are_friendly_pages_that_say_what_to_do() {
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let state = AppState {
+        store,
+        analyze: AnalyzeOptions::default(),
+    };
+    for (uri, status, says) in [
+        ("/traces/xyz", 400, "give the 32 hex digits"),
+        (
+            "/traces/0123456789abcdef0123456789abcdef",
+            404,
+            "Search traces to find it",
+        ),
+        ("/traces/go?trace_id=nope", 400, "give the 32 hex digits"),
+        ("/nowhere", 404, "Start from the overview"),
+        ("/?range=2y", 400, "use 15m, 1h, 6h, 24h or 7d"),
+        ("/?since=-1h&until=-2h", 400, "choose a To later than From"),
+        ("/traces?limit=0", 400, "parameter limit"),
+        ("/traces?attr=novalue", 400, "expected KEY&#60;OP&#62;VALUE"),
+    ] {
+        let page = get(&state, uri).await;
+        assert_eq!(page.status.as_u16(), status, "{uri}");
+        assert!(
+            page.headers[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html"),
+            "{uri}"
+        );
+        assert!(page.body.contains(says), "{uri}: {}", page.body);
+        assert!(page.body.contains(r#"href="/""#), "{uri}: a way out");
+    }
+    // API paths keep the JSON error shape.
+    let api = get(&state, "/api/nowhere").await;
+    assert_eq!(api.status, StatusCode::NOT_FOUND);
+    assert!(api.body.starts_with(r#"{"error":"#), "{}", api.body);
+    let css = get(&state, "/static/app.css").await;
+    assert_eq!(css.headers[header::CONTENT_TYPE], "text/css; charset=utf-8");
+    assert_eq!(
+        get(&state, "/static/nope.js").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+const HOSTILE: [&str; 3] = [
+    "<script>alert('xss')</script>",
+    "\"><img src=x onerror=alert(1)>",
+    "javascript:alert(document.cookie)",
+];
+
+/// Hostile names and attributes go through the real OTLP/HTTP receiver; no page may carry
+/// them as markup or as a link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_span_data_is_escaped_on_every_page() {
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--quiet-period", "100ms"]).await;
+    let mut spans = parse(
+        r#"
+edge server "GET /checkout" 0 900 budget=700
+  edge client "GET /x" 20 850 budget=680
+    inventory server "GET /x" 25 840 budget=679
+"#,
+    );
+    let service = HOSTILE[0];
+    let name = HOSTILE[1];
+    spans[2].service = service.to_string();
+    spans[2].name = name.to_string();
+    spans[0].attributes.push((
+        "url.full".into(),
+        budgetscope::model::AttrValue::String(HOSTILE[2].into()),
+    ));
+    spans[0].attributes.push((
+        HOSTILE[1].into(),
+        budgetscope::model::AttrValue::String(HOSTILE[0].into()),
+    ));
+    post_otlp(&server, &otlp_request(&spans, 3000)).await;
+    let id = spans[0].trace_id.to_hex();
+    let client = reqwest::Client::new();
+    let base = format!("http://{}", server.http_addr);
+    // Wait for the analyzer so search, overview and hop pages have the trace.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = client
+            .get(format!("{base}/api/traces?limit=1"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if body.contains(&id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "trace was never analysed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let enc = budgetscope::web::pages::enc;
+    let pages = [
+        "/".to_string(),
+        "/traces".to_string(),
+        format!("/traces?service={}", enc(service)),
+        format!("/traces/{id}"),
+        format!("/traces/{id}?span={}", spans[0].span_id.to_hex()),
+        format!(
+            "/traces/{id}?span={}&q={}",
+            spans[2].span_id.to_hex(),
+            enc(HOSTILE[0])
+        ),
+        format!("/hops/{}/{}", enc(service), enc(name)),
+        format!("/nowhere/{}", enc(HOSTILE[0])),
+    ];
+    for path in pages {
+        let body = client
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let lower = body.to_lowercase();
+        assert!(!lower.contains("<script>alert"), "{path}: raw script");
+        assert!(!lower.contains("<img src=x"), "{path}: raw img");
+        assert!(
+            !lower.contains("href=\"javascript:"),
+            "{path}: javascript link"
+        );
+        assert_eq!(
+            lower.matches("<script").count(),
+            1,
+            "{path}: only our own script tag"
+        );
+        assert!(
+            body.contains("&#60;script&#62;") || path == "/traces" || path.starts_with("/nowhere"),
+            "{path}: the hostile text is shown, escaped"
+        );
+    }
+    server.shutdown().await;
+}
