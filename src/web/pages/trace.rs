@@ -53,7 +53,6 @@ pub struct WfRow {
     pub self_ms: String,
     pub burn: String,
     pub badges: Vec<Badge>,
-    pub exceed: &'static str,
     pub error: bool,
     pub matched: bool,
     pub selected: bool,
@@ -276,7 +275,6 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                     .iter()
                     .map(|f| Badge::new(f.flag.as_str(), None, f.message.clone()))
                     .collect(),
-                exceed: row.exceed.map_or("", |e| e.as_str()),
                 error: span.status.code == SpanStatus::Error,
                 matched: matched[r],
                 selected: Some(r) == selected_row,

@@ -1,0 +1,548 @@
+//! The UI in a real browser: headless Chromium driven over WebDriver (chromedriver +
+//! fantoccini). Traces come in through a real OpenTelemetry exporter and OTLP/HTTP; the
+//! test opens the overview, follows a hop, searches, opens a waterfall, collapses and
+//! expands a row, opens a span's details, toggles raw times, goes back, jumps by trace id,
+//! finds no console errors, and writes screenshots of every page to target/screenshots/.
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium chromium-driver`).
+//! Without them the test is skipped with a message, unless `CI` or
+//! `BUDGETSCOPE_REQUIRE_BROWSER` is set: then it fails.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{TestDb, post_otlp, say_skipped, start};
+use fantoccini::{Client, ClientBuilder, Locator};
+use opentelemetry::trace::{
+    Span as _, SpanKind, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use serde_json::{Value, json};
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|path| path.is_file())
+    })
+}
+
+/// chromedriver, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_driver(chromedriver: &Path) -> Driver {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(chromedriver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "chromedriver did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    driver
+}
+
+fn provider(endpoint: &str, service: &str) -> SdkTracerProvider {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(format!("{endpoint}/v1/traces"))
+        .build()
+        .unwrap();
+    SdkTracerProvider::builder()
+        .with_simple_exporter(exporter)
+        .with_resource(
+            Resource::builder()
+                .with_service_name(service.to_string())
+                .with_attribute(KeyValue::new("host.name", format!("{service}-1")))
+                .build(),
+        )
+        .build()
+}
+
+/// edge (800 ms budget) → inventory, which takes 1.2 s: exported by the real SDK with
+/// explicit times ending a few seconds ago. Returns (trace id, inventory span id).
+fn export_slow_inventory(endpoint: String) -> (String, String) {
+    let edge = provider(&endpoint, "edge");
+    let inventory = provider(&endpoint, "inventory");
+    let t0 = SystemTime::now() - Duration::from_secs(8);
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let tracer = edge.tracer("browser-test");
+    let hop = tracer
+        .span_builder("GET /checkout")
+        .with_kind(SpanKind::Server)
+        .with_start_time(at(0))
+        .with_attributes([
+            KeyValue::new("deadline.remaining_ms", 800_i64),
+            KeyValue::new("http.request.method", "GET"),
+        ])
+        .start(&tracer);
+    let cx = Context::current_with_span(hop);
+    let call = tracer
+        .span_builder("GET /stock")
+        .with_kind(SpanKind::Client)
+        .with_start_time(at(20))
+        .with_attributes([
+            KeyValue::new("deadline.remaining_ms", 780_i64),
+            KeyValue::new("server.address", "inventory"),
+        ])
+        .start_with_context(&tracer, &cx);
+    let call_cx = cx.with_span(call);
+    let inventory_tracer = inventory.tracer("browser-test");
+    let mut served = inventory_tracer
+        .span_builder("GET /stock")
+        .with_kind(SpanKind::Server)
+        .with_start_time(at(22))
+        .with_attributes([
+            KeyValue::new("deadline.remaining_ms", 778_i64),
+            KeyValue::new("db.system", "postgresql"),
+        ])
+        .start_with_context(&inventory_tracer, &call_cx);
+    served.add_event("cache miss", vec![KeyValue::new("key", "sku-42")]);
+    let span_id = served.span_context().span_id().to_string();
+    served.end_with_timestamp(at(1222));
+    call_cx.span().end_with_timestamp(at(1225));
+    let trace_id = cx.span().span_context().trace_id().to_string();
+    cx.span().end_with_timestamp(at(1230));
+    inventory.shutdown().unwrap();
+    edge.shutdown().unwrap();
+    (trace_id, span_id)
+}
+
+fn screenshots_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let dir = target.join("screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.expect("screenshot");
+    std::fs::write(screenshots_dir().join(name), png).unwrap();
+}
+
+/// WebDriver endpoints fantoccini does not wrap: chromedriver's browser log and CDP.
+async fn driver_call(driver: &Driver, client: &Client, path: &str, body: Value) -> Value {
+    let session = client.session_id().await.unwrap().unwrap();
+    let response = reqwest::Client::new()
+        .post(format!("{}/session/{session}/{path}", driver.url))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+async fn console_errors(driver: &Driver, client: &Client) -> Vec<String> {
+    let log = driver_call(driver, client, "se/log", json!({"type": "browser"})).await;
+    log["value"]
+        .as_array()
+        .map(|entries| {
+            entries
+                .iter()
+                .filter(|e| e["level"] == "SEVERE" || e["level"] == "WARNING")
+                .map(|e| e["message"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn path_and_query(client: &Client) -> String {
+    let url = client.current_url().await.unwrap();
+    match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_string(),
+    }
+}
+
+async fn hidden_rows(client: &Client) -> u64 {
+    client
+        .execute(
+            "return document.querySelectorAll('.wf-row[hidden]').length",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ui_in_a_real_browser() {
+    let required = std::env::var_os("CI").is_some()
+        || std::env::var_os("BUDGETSCOPE_REQUIRE_BROWSER").is_some();
+    let (Some(chromium), Some(chromedriver)) = (
+        std::env::var_os("BUDGETSCOPE_CHROMIUM")
+            .map(PathBuf::from)
+            .or_else(|| which("chromium"))
+            .or_else(|| which("chromium-browser")),
+        which("chromedriver"),
+    ) else {
+        assert!(
+            !required,
+            "chromium and chromedriver are required in CI: apt-get install -y chromium chromium-driver"
+        );
+        say_skipped(
+            "browser test: chromium or chromedriver not found (apt-get install chromium chromium-driver)",
+        );
+        return;
+    };
+
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--quiet-period", "200ms"]).await;
+    let endpoint = format!("http://{}", server.otlp_http_addr);
+    let (trace_id, inventory_span) =
+        tokio::task::spawn_blocking(move || export_slow_inventory(endpoint))
+            .await
+            .unwrap();
+    // Background traffic so the charts and tables have content.
+    for request in budgetscope::bench::generate_over(1500, 250, Duration::from_secs(3000), 0.2) {
+        post_otlp(&server, &request).await;
+    }
+    let base = format!("http://{}", server.http_addr);
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = http
+            .get(format!(
+                "{base}/api/traces?service=inventory&outcome=exceeded&limit=1000"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if body.contains(&trace_id) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the exported trace was never analysed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let driver = start_driver(&chromedriver);
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert("browserName".into(), json!("chrome"));
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chromium,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                     "--disable-background-networking", "--window-size=1280,1000",
+                     "--hide-scrollbars"],
+        }),
+    );
+    capabilities.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let client = ClientBuilder::new(connector)
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .expect("a WebDriver session in headless Chromium");
+
+    // Overview → a hop.
+    client.goto(&format!("{base}/?range=1h")).await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("table.hops"))
+        .await
+        .unwrap();
+    assert_eq!(client.title().await.unwrap(), "Overview · budgetscope");
+    screenshot(&client, "overview.png").await;
+    client
+        .find(Locator::Css(
+            r#"table.hops a[href^="/hops/inventory/GET%20%2Fstock"]"#,
+        ))
+        .await
+        .expect("the hops table lists inventory GET /stock")
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("#budget-h"))
+        .await
+        .unwrap();
+    assert!(
+        path_and_query(&client)
+            .await
+            .starts_with("/hops/inventory/GET%20%2Fstock")
+    );
+    let heading = client
+        .find(Locator::Css("h1"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(heading.contains("inventory GET /stock"), "{heading}");
+    screenshot(&client, "hop.png").await;
+    client.back().await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("table.hops"))
+        .await
+        .unwrap();
+    assert_eq!(
+        path_and_query(&client).await,
+        "/?range=1h",
+        "back returns to the overview"
+    );
+
+    // Search: exceeded traces of inventory, with the form.
+    client.goto(&format!("{base}/traces")).await.unwrap();
+    let form = client.form(Locator::Css("form.search")).await.unwrap();
+    client
+        .find(Locator::Css("select[name=outcome]"))
+        .await
+        .unwrap()
+        .select_by_value("exceeded")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("select[name=service]"))
+        .await
+        .unwrap()
+        .select_by_value("inventory")
+        .await
+        .unwrap();
+    form.submit().await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("table.traces"))
+        .await
+        .unwrap();
+    let url = path_and_query(&client).await;
+    assert!(
+        url.contains("service=inventory") && url.contains("outcome=exceeded"),
+        "filters live in the URL: {url}"
+    );
+    screenshot(&client, "traces.png").await;
+
+    // The waterfall.
+    client
+        .find(Locator::Css(&format!(
+            r#"table.traces a[href="/traces/{trace_id}"]"#
+        )))
+        .await
+        .expect("the exported trace is in the results")
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css(".waterfall"))
+        .await
+        .unwrap();
+    let verdict = client
+        .find(Locator::Css(".verdict"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        verdict.starts_with("Exceeded: inventory GET /stock used 1.2 s of a 800 ms budget"),
+        "{verdict}"
+    );
+    // Collapse the root: its descendants hide; expand: they come back.
+    assert_eq!(hidden_rows(&client).await, 0);
+    let toggle = client
+        .find(Locator::Css(".wf-row button.tog"))
+        .await
+        .unwrap();
+    toggle.click().await.unwrap();
+    assert_eq!(
+        hidden_rows(&client).await,
+        2,
+        "collapsed: the call and the inventory hop"
+    );
+    assert_eq!(
+        toggle.attr("aria-expanded").await.unwrap().as_deref(),
+        Some("false")
+    );
+    toggle.click().await.unwrap();
+    assert_eq!(hidden_rows(&client).await, 0, "expanded again");
+    client
+        .find(Locator::Css("[data-collapse-all]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(hidden_rows(&client).await, 2);
+    client
+        .find(Locator::Css("[data-expand-all]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(hidden_rows(&client).await, 0);
+
+    // A span's details.
+    client
+        .find(Locator::Css(&format!("#row-{inventory_span} .wf-name a")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let detail = client
+        .wait()
+        .for_element(Locator::Css("aside.detail"))
+        .await
+        .unwrap();
+    let text = detail.text().await.unwrap();
+    assert!(
+        text.contains("deadline.remaining_ms") && text.contains("cache miss"),
+        "{text}"
+    );
+    assert!(
+        path_and_query(&client)
+            .await
+            .contains(&format!("span={inventory_span}"))
+    );
+    client
+        .execute("window.scrollTo(0, 0)", vec![])
+        .await
+        .unwrap();
+    screenshot(&client, "trace.png").await;
+
+    // Raw times, then back to the adjusted view with the browser's back button.
+    client
+        .find(Locator::Id("times-toggle"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::XPath(
+            "//a[@id='times-toggle'][contains(., 'skew-adjusted')]",
+        ))
+        .await
+        .unwrap();
+    assert!(path_and_query(&client).await.contains("times=raw"));
+    client.back().await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::XPath(
+            "//a[@id='times-toggle'][contains(., 'raw times')]",
+        ))
+        .await
+        .unwrap();
+    assert!(!path_and_query(&client).await.contains("times=raw"));
+
+    // The trace-id box.
+    client.goto(&format!("{base}/traces")).await.unwrap();
+    let jump = client.find(Locator::Id("jump-id")).await.unwrap();
+    jump.send_keys(&trace_id).await.unwrap();
+    client
+        .form(Locator::Css("form.jump"))
+        .await
+        .unwrap()
+        .submit()
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css(".waterfall"))
+        .await
+        .unwrap();
+    assert_eq!(path_and_query(&client).await, format!("/traces/{trace_id}"));
+
+    // A friendly error page.
+    client
+        .goto(&format!("{base}/traces/0123456789abcdef0123456789abcdef"))
+        .await
+        .unwrap();
+    let error = client
+        .find(Locator::Css(".error-page"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(error.contains("Trace not found"), "{error}");
+    screenshot(&client, "not-found.png").await;
+    // The 404 itself is logged by Chromium as a failed resource; it is the expected answer.
+    let errors: Vec<String> = console_errors(&driver, &client)
+        .await
+        .into_iter()
+        .filter(|e| !e.contains("status of 404"))
+        .collect();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+
+    // Dark mode and a phone-sized window.
+    driver_call(
+        &driver,
+        &client,
+        "goog/cdp/execute",
+        json!({"cmd": "Emulation.setEmulatedMedia",
+               "params": {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}}),
+    )
+    .await;
+    client.goto(&format!("{base}/?range=1h")).await.unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("table.hops"))
+        .await
+        .unwrap();
+    screenshot(&client, "overview-dark.png").await;
+    client.set_window_size(390, 844).await.unwrap();
+    client
+        .goto(&format!("{base}/traces/{trace_id}?span={inventory_span}"))
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css("aside.detail"))
+        .await
+        .unwrap();
+    client
+        .execute("window.scrollTo(0, 0)", vec![])
+        .await
+        .unwrap();
+    screenshot(&client, "trace-phone-dark.png").await;
+    let errors = console_errors(&driver, &client).await;
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+
+    client.close().await.unwrap();
+    server.shutdown().await;
+}
