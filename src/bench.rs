@@ -38,8 +38,21 @@ pub enum BenchCommand {
     Ingest(IngestBench),
     /// Analysis time for one trace of each size, against indexing and sorting its spans.
     Analyze(AnalyzeBench),
-    /// Trace fetch, search and hop statistics on a filled store, against a raw scan.
+    /// Trace fetch, search and hop statistics on a filled store, against a raw scan; the
+    /// UI's overview, search and hop pages on the same store.
     Query(QueryBench),
+    /// Server time of the trace page for large traces, against the trace API in the same run.
+    Ui(UiBench),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UiBench {
+    /// Trace sizes in spans (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1_000, 10_000])]
+    pub spans: Vec<usize>,
+    /// Timed requests per size.
+    #[arg(long, default_value = "20")]
+    pub runs: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -108,6 +121,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(bench) => ingest(bench).await,
         BenchCommand::Query(bench) => query_bench(bench).await,
+        BenchCommand::Ui(bench) => ui_bench(bench).await,
         BenchCommand::Analyze(bench) => {
             tokio::task::spawn_blocking(move || analyze_bench(&bench)).await?;
             Ok(())
@@ -1240,6 +1254,27 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     }
     let (hops_p50, p95, p99) = percentiles(hop_times);
     println!("| GET /api/hops?since=-24h (rollups) | {hops_p50:.2} | {p95:.2} | {p99:.2} |");
+    for page in [
+        "/?range=1h",
+        "/?range=24h",
+        "/?range=7d",
+        "/traces",
+        "/traces?outcome=exceeded&service=inventory",
+        "/hops/inventory/POST%20%2Fapi%2Fv1%2Finventory%2F%7Bid%7D?range=24h",
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..bench.runs.div_ceil(4).max(5) {
+            times.push(time(page.to_string()).await?);
+        }
+        let (p50, p95, p99) = percentiles(times);
+        println!("| page {page} | {p50:.2} | {p95:.2} | {p99:.2} |");
+    }
+    let mut page_times = Vec::new();
+    for run in 0..bench.runs {
+        page_times.push(time(format!("/traces/{}", fat_ids[run % fat_ids.len()])).await?);
+    }
+    let (p50, p95, p99) = percentiles(page_times);
+    println!("| page /traces/{{id}} (100-span trace) | {p50:.2} | {p95:.2} | {p99:.2} |");
     let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
     let mut raw_times = Vec::new();
     let scanner = databases.raw_scanner(&url).await?;
@@ -1257,5 +1292,72 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         hops_p50 / raw_p50
     );
     databases.cleanup().await;
+    Ok(())
+}
+
+/// Stores one generated trace per size in a fresh SQLite store, then times the trace page
+/// and, as the same-run baseline, the trace API (same fetch and analysis, JSON instead of
+/// HTML), both through the real router.
+async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
+    use crate::analyze::AnalyzeOptions;
+    use tower::ServiceExt as _;
+
+    let dir = tempfile::tempdir()?;
+    let store = store::open(&format!("sqlite://{}", dir.path().join("ui.db").display())).await?;
+    let app = crate::web::app(crate::web::AppState {
+        store: store.clone(),
+        analyze: AnalyzeOptions::default(),
+    });
+    println!(
+        "## trace page server time (SQLite, through the router), {} runs each",
+        bench.runs
+    );
+    println!(
+        "| spans | page p50 | page p95 | page size | baseline: GET /api/traces/{{id}} p50 | page ÷ API |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for &size in &bench.spans {
+        eprintln!("storing a trace of {size} spans…");
+        let spans = large_trace(size);
+        let id = spans[0].trace_id.to_hex();
+        for chunk in spans.chunks(20_000) {
+            store.write_spans(chunk).await?;
+        }
+        let timed = |uri: String| {
+            let app = app.clone();
+            async move {
+                let started = Instant::now();
+                let response = app
+                    .oneshot(axum::http::Request::get(uri.as_str()).body(axum::body::Body::empty())?)
+                    .await?;
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+                if !status.is_success() {
+                    bail!("{uri} answered {status}");
+                }
+                anyhow::Ok((started.elapsed().as_secs_f64() * 1e3, body.len()))
+            }
+        };
+        let (mut page, mut api, mut bytes) = (Vec::new(), Vec::new(), 0);
+        for run in 0..bench.runs.max(1) {
+            eprint!("\r  run {}/{}   ", run + 1, bench.runs);
+            let (ms, len) = timed(format!("/traces/{id}")).await?;
+            page.push(ms);
+            bytes = len;
+            api.push(timed(format!("/api/traces/{id}")).await?.0);
+        }
+        eprintln!();
+        page.sort_by(f64::total_cmp);
+        api.sort_by(f64::total_cmp);
+        let at = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        println!(
+            "| {size} | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} ms | {:.2} |",
+            at(&page, 0.5),
+            at(&page, 0.95),
+            bytes as f64 / (1024.0 * 1024.0),
+            at(&api, 0.5),
+            at(&page, 0.5) / at(&api, 0.5)
+        );
+    }
     Ok(())
 }
