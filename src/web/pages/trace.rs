@@ -358,7 +358,7 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         q: view.q.clone(),
         span_param: view.span.clone(),
         matches: matched.iter().filter(|m| **m).count(),
-        ticks: (0..=4)
+        ticks: (0..4)
             .map(|k| (pct(k as f64 * 25.0), fmt_duration(scale * k as f64 / 4.0)))
             .collect(),
         deadline_at: edge_deadline.map(|d| pct(at(d))),
@@ -543,7 +543,10 @@ fn detail(
             span.budget.as_ref().map(|b| b.source.clone()),
         ),
         ("Available", ms(row.available_ms)),
-        ("Deadline at", ms(row.deadline_offset_ms)),
+        (
+            "Deadline at",
+            row.deadline_offset_ms.map(|d| format!("+{} (trace time)", fmt_duration(d))),
+        ),
         ("Self time", ms(row.self_ms)),
         ("Burn", row.burn.map(|b| fmt_percent(Some(b)))),
         ("Exceed", row.exceed.map(|e| e.as_str().to_string())),
