@@ -1328,7 +1328,9 @@ async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
             async move {
                 let started = Instant::now();
                 let response = app
-                    .oneshot(axum::http::Request::get(uri.as_str()).body(axum::body::Body::empty())?)
+                    .oneshot(
+                        axum::http::Request::get(uri.as_str()).body(axum::body::Body::empty())?,
+                    )
                     .await?;
                 let status = response.status();
                 let body = axum::body::to_bytes(response.into_body(), usize::MAX).await?;

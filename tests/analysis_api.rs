@@ -6,14 +6,11 @@ mod common;
 use common::{TestDb, get_json, start};
 use opentelemetry::trace::{SpanKind, TraceContextExt as _, Tracer as _, TracerProvider as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 
 /// The edge service with a 1 s budget calls billing with a fresh 5 s timeout.
 fn export_inflated_trace(endpoint: String) -> String {
-    let edge = provider(&endpoint, "edge");
-    let billing = provider(&endpoint, "billing");
+    let edge = common::otel_provider(&endpoint, "edge");
+    let billing = common::otel_provider(&endpoint, "billing");
     let tracer = edge.tracer("test");
     let hop = tracer
         .span_builder("GET /checkout")
@@ -40,22 +37,6 @@ fn export_inflated_trace(endpoint: String) -> String {
     billing.shutdown().unwrap();
     edge.shutdown().unwrap();
     trace_id
-}
-
-fn provider(endpoint: &str, service: &str) -> SdkTracerProvider {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(format!("{endpoint}/v1/traces"))
-        .build()
-        .unwrap();
-    SdkTracerProvider::builder()
-        .with_simple_exporter(exporter)
-        .with_resource(
-            Resource::builder()
-                .with_service_name(service.to_string())
-                .build(),
-        )
-        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -21,9 +21,6 @@ use opentelemetry::trace::{
     Span as _, SpanKind, TraceContextExt as _, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::WithExportConfig as _;
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::{Value, json};
 
 fn which(program: &str) -> Option<PathBuf> {
@@ -71,28 +68,11 @@ fn start_driver(chromedriver: &Path) -> Driver {
     driver
 }
 
-fn provider(endpoint: &str, service: &str) -> SdkTracerProvider {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(format!("{endpoint}/v1/traces"))
-        .build()
-        .unwrap();
-    SdkTracerProvider::builder()
-        .with_simple_exporter(exporter)
-        .with_resource(
-            Resource::builder()
-                .with_service_name(service.to_string())
-                .with_attribute(KeyValue::new("host.name", format!("{service}-1")))
-                .build(),
-        )
-        .build()
-}
-
 /// edge (800 ms budget) → inventory, which takes 1.2 s: exported by the real SDK with
 /// explicit times ending a few seconds ago. Returns (trace id, inventory span id).
 fn export_slow_inventory(endpoint: String) -> (String, String) {
-    let edge = provider(&endpoint, "edge");
-    let inventory = provider(&endpoint, "inventory");
+    let edge = common::otel_provider(&endpoint, "edge");
+    let inventory = common::otel_provider(&endpoint, "inventory");
     let t0 = SystemTime::now() - Duration::from_secs(8);
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let tracer = edge.tracer("browser-test");

@@ -61,11 +61,9 @@ fn truncate(text: &str, max: usize) -> String {
     text.chars().take(max).collect()
 }
 
-pub async fn trace(
-    State(state): State<AppState>,
-    Path(trace_id): Path<String>,
-) -> Result<Response, ApiError> {
-    let id = parse_trace_id(&trace_id)?;
+/// The stored spans of the trace a path names, or the API's 400/404.
+async fn stored_trace(state: &AppState, trace_id: &str) -> Result<(TraceId, Vec<Span>), ApiError> {
+    let id = parse_trace_id(trace_id)?;
     let spans = state.store.trace(id).await?;
     if spans.is_empty() {
         return Err(ApiError::not_found(
@@ -76,6 +74,14 @@ pub async fn trace(
             ),
         ));
     }
+    Ok((id, spans))
+}
+
+pub async fn trace(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (id, spans) = stored_trace(&state, &trace_id).await?;
     let options = state.analyze.clone();
     // Large traces take real CPU: keep it off the async workers.
     let body = tokio::task::spawn_blocking(move || trace_json(id, &spans, &options))
@@ -90,14 +96,7 @@ pub async fn trace_otlp(
     State(state): State<AppState>,
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let id = parse_trace_id(&trace_id)?;
-    let spans = state.store.trace(id).await?;
-    if spans.is_empty() {
-        return Err(ApiError::not_found(
-            "trace_not_found",
-            format!("no spans stored for trace {id}; check the id, or search traces"),
-        ));
-    }
+    let (id, spans) = stored_trace(&state, &trace_id).await?;
     let body = crate::export::to_json(&spans);
     Ok((
         [

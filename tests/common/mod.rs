@@ -266,3 +266,26 @@ pub fn fixture_trace(id: u8, text: &str) -> Vec<budgetscope::model::Span> {
     }
     spans
 }
+
+/// A real OpenTelemetry SDK provider for `service` exporting each span over OTLP/HTTP
+/// (protobuf) to `endpoint` (`http://host:port`) as it ends.
+pub fn otel_provider(endpoint: &str, service: &str) -> opentelemetry_sdk::trace::SdkTracerProvider {
+    use opentelemetry_otlp::WithExportConfig as _;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_endpoint(format!("{endpoint}/v1/traces"))
+        .build()
+        .expect("exporter builds");
+    opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(service.to_string())
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "host.name",
+                    format!("{service}-1"),
+                ))
+                .build(),
+        )
+        .build()
+}

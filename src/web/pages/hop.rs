@@ -10,16 +10,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{
-    Badge, MINUTE, PageError, RangeLink, TimeRange, flag_meaning, fmt_axis_time, fmt_duration,
-    fmt_opt_duration, fmt_percent, fmt_time, hop_href, html, now_unix_nano, query_string,
-    trace_href,
+    Badge, MINUTE, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
+    fmt_percent, fmt_time, hop_href, html, now_unix_nano, query_string, trace_href,
 };
 use crate::analyze::hops::{Histogram, Rollup};
 use crate::analyze::{Exceed, Role, analyze};
 use crate::model::{Span, TraceId};
 use crate::store::query::TraceQuery;
 use crate::web::AppState;
-use crate::web::charts::{self, Series};
+use crate::web::charts;
 
 /// How many recent traces with an inherited exceed are analysed to find the callers.
 const CALLER_TRACES: u32 = 50;
@@ -123,21 +122,10 @@ pub async fn hop(
         .unwrap_or_default();
 
     let mut merged = Rollup::default();
-    let first = since - since % step;
-    let buckets = (until - first).div_ceil(step) as usize;
-    let (mut local, mut inherited) = (vec![0.0; buckets], vec![0.0; buckets]);
     for row in &rows {
         merged.merge(&row.rollup);
-        let at = (row.minute_unix_nano.saturating_sub(first) / step) as usize;
-        if at < buckets {
-            local[at] += row.rollup.count("local_exceed") as f64;
-            inherited[at] += row.rollup.count("inherited_exceed") as f64;
-        }
     }
-    let long_range = until - since > 1440 * MINUTE;
-    let labels: Vec<String> = (0..buckets)
-        .map(|i| fmt_axis_time(first + i as u64 * step, long_range))
-        .collect();
+    let (exceeded_chart, _) = super::exceeded_chart(&range, &rows);
     let range_query = range.query();
     let facts = vec![
         ("Requests", merged.requests.to_string()),
@@ -168,22 +156,7 @@ pub async fn hop(
             &bins(&merged.budget, fmt_duration),
             charts::NEUTRAL,
         ),
-        exceeded_chart: charts::stacked_bars(
-            "Deadline exceeded per interval, local vs inherited",
-            &labels,
-            &[
-                Series {
-                    name: "local: the deadline passed in this hop",
-                    colour: charts::LOCAL,
-                    values: local,
-                },
-                Series {
-                    name: "inherited: arrived already spent",
-                    colour: charts::INHERITED,
-                    values: inherited,
-                },
-            ],
-        ),
+        exceeded_chart,
         burn_chart: charts::histogram(
             "Burn: share of the request budget spent in this hop",
             &bins(&merged.burn, |v| fmt_percent(Some(v))),
@@ -223,7 +196,7 @@ pub async fn hop(
             query_string([
                 ("service", service.as_str()),
                 ("operation", operation.as_str()),
-                ("since", &range_since(&range) as &str),
+                ("since", &range.since_param() as &str),
                 ("until", range.until_text.as_str()),
             ])
         ),
@@ -236,14 +209,6 @@ pub async fn hop(
         operation,
     };
     Ok(html(StatusCode::OK, &page))
-}
-
-fn range_since(range: &TimeRange) -> String {
-    if range.key == "custom" {
-        range.since_text.clone()
-    } else {
-        format!("-{}", range.key)
-    }
 }
 
 /// A histogram re-binned into at most 16 equal-width bins for display.

@@ -350,6 +350,15 @@ impl TimeRange {
             .unwrap_or(1440 * MINUTE)
     }
 
+    /// The range's start as the search page's `since` value.
+    pub fn since_param(&self) -> String {
+        if self.key == "custom" {
+            self.since_text.clone()
+        } else {
+            format!("-{}", self.key)
+        }
+    }
+
     pub fn description(&self) -> String {
         if self.key == "custom" {
             format!("{} to {}", fmt_time(self.since), fmt_time(self.until))
@@ -361,6 +370,54 @@ impl TimeRange {
             format!("last {label}")
         }
     }
+}
+
+/// Deadline-exceeded counts of rollup rows per bucket of `range.step()`, drawn as stacked
+/// bars (local below, inherited above), with the non-empty buckets as table rows.
+pub fn exceeded_chart(
+    range: &TimeRange,
+    rows: &[crate::store::rollup::HopRollupRow],
+) -> (String, Vec<(String, i64, i64)>) {
+    use super::charts::{self, Series};
+    let (since, until) = range.aligned();
+    let step = range.step();
+    let first = since - since % step;
+    let buckets = (until - first).div_ceil(step) as usize;
+    let (mut local, mut inherited) = (vec![0.0; buckets], vec![0.0; buckets]);
+    for row in rows {
+        let at = (row.minute_unix_nano.saturating_sub(first) / step) as usize;
+        if at < buckets {
+            local[at] += row.rollup.count("local_exceed") as f64;
+            inherited[at] += row.rollup.count("inherited_exceed") as f64;
+        }
+    }
+    let long_range = until - since > 1440 * MINUTE;
+    let labels: Vec<String> = (0..buckets)
+        .map(|i| fmt_axis_time(first + i as u64 * step, long_range))
+        .collect();
+    let table = labels
+        .iter()
+        .zip(local.iter().zip(&inherited))
+        .filter(|(_, (l, i))| **l > 0.0 || **i > 0.0)
+        .map(|(label, (l, i))| (label.clone(), *l as i64, *i as i64))
+        .collect();
+    let chart = charts::stacked_bars(
+        "Deadline exceeded per interval, local vs inherited",
+        &labels,
+        &[
+            Series {
+                name: "local: the deadline passed in this hop",
+                colour: charts::LOCAL,
+                values: local,
+            },
+            Series {
+                name: "inherited: arrived already spent",
+                colour: charts::INHERITED,
+                values: inherited,
+            },
+        ],
+    );
+    (chart, table)
 }
 
 /// A flag badge: the flag's name (text, never colour alone) and its message.

@@ -9,13 +9,12 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{
-    Badge, MINUTE, PageError, RangeLink, TimeRange, fmt_axis_time, fmt_duration, fmt_opt_duration,
-    fmt_percent, hop_href, html, now_unix_nano, query_string,
+    Badge, MINUTE, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent,
+    hop_href, html, now_unix_nano, query_string,
 };
 use crate::analyze::hops::Rollup;
 use crate::store::rollup::HopRollupRow;
 use crate::web::AppState;
-use crate::web::charts::{self, Series};
 
 /// Sortable columns: (URL key, header, default order descending?).
 const COLUMNS: [(&str, &str, bool); 12] = [
@@ -114,7 +113,7 @@ pub async fn overview(
         .map(String::as_str)
         .unwrap_or("local_exceed");
     let descending = params.get("order").map(String::as_str) != Some("asc");
-    let page = build(range, &rows, step, first_run, sort, descending);
+    let page = build(range, &rows, first_run, sort, descending);
     Ok(html(StatusCode::OK, &page))
 }
 
@@ -122,27 +121,16 @@ pub async fn overview(
 pub fn build(
     range: TimeRange,
     rows: &[HopRollupRow],
-    step: u64,
     first_run: bool,
     sort: &str,
     descending: bool,
 ) -> OverviewPage {
-    let (since, until) = range.aligned();
     let mut merged: BTreeMap<(&str, &str), Rollup> = BTreeMap::new();
-    let first = since - since % step;
-    let buckets = ((until - first).div_ceil(step)) as usize;
-    let mut local = vec![0.0; buckets];
-    let mut inherited = vec![0.0; buckets];
     for row in rows {
         merged
             .entry((&row.service, &row.operation))
             .or_default()
             .merge(&row.rollup);
-        let at = ((row.minute_unix_nano.saturating_sub(first)) / step) as usize;
-        if at < buckets {
-            local[at] += row.rollup.count("local_exceed") as f64;
-            inherited[at] += row.rollup.count("inherited_exceed") as f64;
-        }
     }
     let range_query = range.query();
     let mut hops: Vec<(HopRow, Vec<f64>)> = merged
@@ -252,32 +240,7 @@ pub fn build(
         })
         .collect();
 
-    let long_range = until - since > 1440 * MINUTE;
-    let labels: Vec<String> = (0..buckets)
-        .map(|i| fmt_axis_time(first + i as u64 * step, long_range))
-        .collect();
-    let chart_rows = labels
-        .iter()
-        .zip(local.iter().zip(&inherited))
-        .filter(|(_, (l, i))| **l > 0.0 || **i > 0.0)
-        .map(|(label, (l, i))| (label.clone(), *l as i64, *i as i64))
-        .collect();
-    let chart = charts::stacked_bars(
-        "Deadline exceeded per interval, local vs inherited",
-        &labels,
-        &[
-            Series {
-                name: "local: the deadline passed in this hop",
-                colour: charts::LOCAL,
-                values: local,
-            },
-            Series {
-                name: "inherited: arrived already spent",
-                colour: charts::INHERITED,
-                values: inherited,
-            },
-        ],
-    );
+    let (chart, chart_rows) = super::exceeded_chart(&range, rows);
     let total_requests = hops.iter().map(|(h, _)| h.requests).sum();
     let total_local = hops.iter().map(|(h, _)| h.local).sum();
     let total_inherited = hops.iter().map(|(h, _)| h.inherited).sum();
@@ -298,7 +261,7 @@ pub fn build(
         query_string(
             [
                 ("outcome", "exceeded"),
-                ("since", &enc_since(&range) as &str)
+                ("since", &range.since_param() as &str)
             ]
             .into_iter()
             .chain(exceeded.into_iter().filter(|(k, _)| *k == "until"))
@@ -321,14 +284,5 @@ pub fn build(
         burners,
         legend,
         exceeded_href,
-    }
-}
-
-/// The range's start as the search page's `since` value.
-fn enc_since(range: &TimeRange) -> String {
-    if range.key == "custom" {
-        range.since_text.clone()
-    } else {
-        format!("-{}", range.key)
     }
 }

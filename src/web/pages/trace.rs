@@ -545,7 +545,8 @@ fn detail(
         ("Available", ms(row.available_ms)),
         (
             "Deadline at",
-            row.deadline_offset_ms.map(|d| format!("+{} (trace time)", fmt_duration(d))),
+            row.deadline_offset_ms
+                .map(|d| format!("+{} (trace time)", fmt_duration(d))),
         ),
         ("Self time", ms(row.self_ms)),
         ("Burn", row.burn.map(|b| fmt_percent(Some(b)))),
