@@ -22,6 +22,10 @@ pub struct DemoArgs {
     /// Spread the traces' start times over this period before now (e.g. 15m, 1h, 1d).
     #[arg(long, default_value = "1h")]
     pub spread: String,
+    /// Also send one trace of this many spans (a fan-out tree across services, the analysis
+    /// benchmark's shape), to see how the waterfall handles large traces.
+    #[arg(long)]
+    pub large_trace: Option<usize>,
 }
 
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
@@ -34,7 +38,18 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.spans == 0 {
         bail!("invalid --spans 0: give how many spans to send, e.g. 5000");
     }
-    let requests = crate::bench::generate_over(args.spans, 250, spread, 0.2);
+    let mut requests = crate::bench::generate_over(args.spans, 250, spread, 0.2);
+    if let Some(size) = args.large_trace.filter(|n| *n > 0) {
+        let mut spans = crate::bench::large_trace(size);
+        let id = crate::model::TraceId(rand::random());
+        for span in &mut spans {
+            span.trace_id = id;
+        }
+        eprintln!("large trace of {size} spans: trace id {id}");
+        for chunk in spans.chunks(1000) {
+            requests.push(crate::export::to_request(chunk));
+        }
+    }
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;

@@ -18,18 +18,20 @@ use crate::model::{AttrValue, Attributes, Span};
 
 /// The spans as one OTLP request.
 pub fn to_request(spans: &[Span]) -> ExportTraceServiceRequest {
-    let mut resource_spans: Vec<(Arc<Attributes>, ResourceSpans)> = Vec::new();
+    let mut resource_spans: Vec<(Arc<Attributes>, &str, ResourceSpans)> = Vec::new();
     for s in spans {
-        let at = match resource_spans.iter().position(|(resource, _)| {
-            Arc::ptr_eq(resource, &s.resource) || **resource == *s.resource
+        let at = match resource_spans.iter().position(|(resource, service, _)| {
+            (Arc::ptr_eq(resource, &s.resource) || **resource == *s.resource)
+                && *service == s.service
         }) {
             Some(at) => at,
             None => {
                 resource_spans.push((
                     s.resource.clone(),
+                    &s.service,
                     ResourceSpans {
                         resource: Some(Resource {
-                            attributes: key_values(&s.resource),
+                            attributes: resource_attributes(&s.resource, &s.service),
                             ..Default::default()
                         }),
                         ..Default::default()
@@ -38,7 +40,7 @@ pub fn to_request(spans: &[Span]) -> ExportTraceServiceRequest {
                 resource_spans.len() - 1
             }
         };
-        let scopes = &mut resource_spans[at].1.scope_spans;
+        let scopes = &mut resource_spans[at].2.scope_spans;
         let scope_at = match scopes.iter().position(|scope| {
             scope
                 .scope
@@ -61,7 +63,7 @@ pub fn to_request(spans: &[Span]) -> ExportTraceServiceRequest {
         scopes[scope_at].spans.push(to_span(s));
     }
     ExportTraceServiceRequest {
-        resource_spans: resource_spans.into_iter().map(|(_, rs)| rs).collect(),
+        resource_spans: resource_spans.into_iter().map(|(_, _, rs)| rs).collect(),
     }
 }
 
@@ -106,6 +108,23 @@ fn to_span(s: &Span) -> opentelemetry_proto::tonic::trace::v1::Span {
         }),
         ..Default::default()
     }
+}
+
+/// The resource's attributes with `service.name` set to the span's service (what
+/// budgetscope shows), so a span reads back under the same service.
+fn resource_attributes(resource: &Attributes, service: &str) -> Vec<KeyValue> {
+    let mut attributes = key_values(resource);
+    let name = KeyValue {
+        key: "service.name".into(),
+        value: Some(any_value_of(&AttrValue::String(service.to_string()))),
+        ..Default::default()
+    };
+    match attributes.iter_mut().find(|kv| kv.key == "service.name") {
+        Some(existing) => *existing = name,
+        None if service != crate::normalize::UNKNOWN_SERVICE => attributes.insert(0, name),
+        None => {}
+    }
+    attributes
 }
 
 fn key_values(attributes: &Attributes) -> Vec<KeyValue> {
@@ -159,5 +178,27 @@ mod tests {
             serde_json::from_str(&to_json(&original)).unwrap();
         let again = normalize(exported, &options, u64::MAX / 2).spans;
         assert_eq!(again, original);
+    }
+
+    #[test]
+    fn every_span_reads_back_under_its_own_service() {
+        // Generated spans share one resource but name their services themselves.
+        let spans = crate::bench::large_trace(60);
+        let options = NormalizeOptions {
+            budget_keys: crate::budget::DEFAULT_BUDGET_KEYS
+                .iter()
+                .map(|k| k.to_string())
+                .collect(),
+        };
+        let again = normalize(to_request(&spans), &options, u64::MAX / 2).spans;
+        let services = |spans: &[Span]| -> Vec<(String, String)> {
+            let mut v: Vec<_> = spans
+                .iter()
+                .map(|s| (s.span_id.to_hex(), s.service.clone()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(services(&again), services(&spans));
     }
 }

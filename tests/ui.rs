@@ -325,7 +325,11 @@ edge server "GET /checkout" 0 900 budget=700
         ),
         format!("/hops/{}/{}", enc(service), enc(name)),
         format!("/traces/{id}?span={}", enc(HOSTILE[1])),
-        format!("/traces?operation={}&attr={}", enc(HOSTILE[1]), enc(HOSTILE[0])),
+        format!(
+            "/traces?operation={}&attr={}",
+            enc(HOSTILE[1]),
+            enc(HOSTILE[0])
+        ),
         format!("/nowhere/{}", enc(HOSTILE[0])),
     ];
     for path in pages {
