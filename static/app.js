@@ -35,10 +35,7 @@
     if (!(target instanceof Element)) return;
     var toggle = target.closest("button.tog");
     if (toggle) {
-      var row = toggle.closest(".wf-row");
-      var all = rows();
-      setCollapsed(row, !row.hasAttribute("data-collapsed"));
-      refresh(all, all.indexOf(row));
+      toggleRow(toggle.closest(".wf-row"), !isCollapsed(toggle));
       return;
     }
     if (target.closest("[data-expand-all]")) { setAll(false); return; }
@@ -46,15 +43,43 @@
     if (target.closest("[data-back]")) { history.back(); }
   });
 
+  function isCollapsed(button) { return button.getAttribute("aria-expanded") === "false"; }
+
+  // Expands or collapses a row; in big traces the first expand fetches its children.
+  function toggleRow(row, collapse) {
+    var lazy = row.getAttribute("data-lazy");
+    if (!collapse && lazy) {
+      var button = row.querySelector("button.tog");
+      button.disabled = true;
+      fetch(lazy, { headers: { "Accept": "text/html" } })
+        .then(function (response) {
+          if (!response.ok) throw new Error("the server answered " + response.status);
+          return response.text();
+        })
+        .then(function (html) {
+          row.insertAdjacentHTML("afterend", html);
+          row.removeAttribute("data-lazy");
+          button.disabled = false;
+          toggleRow(row, false);
+        })
+        .catch(function (error) {
+          button.disabled = false;
+          button.title = "Could not load the children (" + error.message + "); reload the page and retry.";
+        });
+      return;
+    }
+    var all = rows();
+    setCollapsed(row, collapse);
+    refresh(all, all.indexOf(row));
+  }
+
   // Keyboard: on a focused row link, ArrowRight expands and ArrowLeft collapses.
   document.addEventListener("keydown", function (event) {
     var target = event.target;
     if (!(target instanceof Element) || event.key !== "ArrowRight" && event.key !== "ArrowLeft") return;
     var row = target.closest(".wf-row");
     if (!row || !row.querySelector("button.tog")) return;
-    var all = rows();
-    setCollapsed(row, event.key === "ArrowLeft");
-    refresh(all, all.indexOf(row));
+    toggleRow(row, event.key === "ArrowLeft");
     event.preventDefault();
   });
 

@@ -210,6 +210,15 @@ async fn the_ui_in_a_real_browser() {
     for request in budgetscope::bench::generate_over(1500, 250, Duration::from_secs(3000), 0.2) {
         post_otlp(&server, &request).await;
     }
+    // A 2,000-span trace, for the large-trace behaviour.
+    let mut large = budgetscope::bench::large_trace(2000);
+    let large_id = budgetscope::model::TraceId([0x42; 16]);
+    for span in &mut large {
+        span.trace_id = large_id;
+    }
+    for chunk in large.chunks(500) {
+        post_otlp(&server, &budgetscope::export::to_request(chunk)).await;
+    }
     let base = format!("http://{}", server.http_addr);
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -466,6 +475,43 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(path_and_query(&client).await, format!("/traces/{trace_id}"));
+
+    // A big trace opens with deep subtrees collapsed; expanding one fetches its rows.
+    client
+        .goto(&format!("{base}/traces/{}", large_id.to_hex()))
+        .await
+        .unwrap();
+    client
+        .wait()
+        .for_element(Locator::Css(".waterfall"))
+        .await
+        .unwrap();
+    let count = |client: Client| async move {
+        client
+            .execute("return document.querySelectorAll('.wf-row').length", vec![])
+            .await
+            .unwrap()
+            .as_u64()
+            .unwrap()
+    };
+    let before = count(client.clone()).await;
+    assert!(
+        before < 200,
+        "a 2,000-span trace starts collapsed: {before} rows"
+    );
+    client
+        .find(Locator::Css(".wf-row[data-lazy] button.tog"))
+        .await
+        .expect("a collapsed row whose children load on demand")
+        .click()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while count(client.clone()).await <= before {
+        assert!(Instant::now() < deadline, "the children never arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    screenshot(&client, "trace-large.png").await;
 
     // A friendly error page.
     client

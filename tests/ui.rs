@@ -214,6 +214,80 @@ async fn every_page_shows_the_budget_story() {
 }
 
 #[tokio::test]
+async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let state = AppState {
+        store: store.clone(),
+        analyze: AnalyzeOptions::default(),
+    };
+    let spans = budgetscope::bench::large_trace(1000);
+    store.write_spans(&spans).await.unwrap();
+    let id = spans[0].trace_id.to_hex();
+    let rows = |body: &str| body.matches(r#"<div class="wf-row"#).count();
+
+    let page = get(&state, &format!("/traces/{id}")).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let shown = rows(&page.body);
+    assert!(
+        (2..200).contains(&shown),
+        "only the top of a 1000-span trace is in the page: {shown} rows"
+    );
+    assert!(
+        page.body.contains("data-expand-all-link"),
+        "expand all reloads"
+    );
+    // Take the first collapsed row's children from its data-lazy link.
+    let start = page.body.find(r#"data-lazy=""#).unwrap() + r#"data-lazy=""#.len();
+    let href = page.body[start..]
+        .split('"')
+        .next()
+        .unwrap()
+        .replace("&#38;", "&");
+    assert!(
+        href.starts_with(&format!("/traces/{id}/rows?parent=")),
+        "{href}"
+    );
+    let children = get(&state, &href).await;
+    assert_eq!(children.status, StatusCode::OK);
+    assert!(!children.body.contains("<html"), "a fragment, not a page");
+    assert!(rows(&children.body) >= 1, "{}", children.body);
+    assert!(
+        children.body.contains("data-lazy=") || !children.body.contains("data-collapsed"),
+        "children with children come collapsed and lazy again"
+    );
+
+    let all = get(&state, &format!("/traces/{id}?expand=all")).await;
+    let api = get(&state, &format!("/api/traces/{id}")).await;
+    let analysed: serde_json::Value = serde_json::from_str(&api.body).unwrap();
+    assert_eq!(
+        rows(&all.body),
+        analysed["analysis"]["rows"].as_array().unwrap().len(),
+        "expand=all has every row"
+    );
+    assert!(!all.body.contains("data-lazy="));
+
+    // Selecting a deep span opens the path to it.
+    let deepest = spans
+        .iter()
+        .rev()
+        .find(|s| s.parent_span_id.is_some())
+        .unwrap();
+    let selected = get(
+        &state,
+        &format!("/traces/{id}?span={}", deepest.span_id.to_hex()),
+    )
+    .await;
+    assert!(
+        selected
+            .body
+            .contains(&format!(r#"id="row-{}""#, deepest.span_id.to_hex()))
+    );
+    let missing = get(&state, &format!("/traces/{id}/rows")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
 async fn errors_are_friendly_pages_that_say_what_to_do() {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();

@@ -44,6 +44,7 @@ pub fn app(state: AppState) -> Router {
         .route("/traces", get(pages::traces::traces))
         .route("/traces/go", get(pages::traces::go))
         .route("/traces/{trace_id}", get(pages::trace::trace))
+        .route("/traces/{trace_id}/rows", get(pages::trace::rows))
         .route("/hops/{service}/{operation}", get(pages::hop::hop))
         .route("/static/{file}", get(assets::asset))
         .fallback(not_found)

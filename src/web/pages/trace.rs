@@ -35,6 +35,8 @@ pub struct WfRow {
     pub has_children: bool,
     pub collapsed: bool,
     pub hidden: bool,
+    /// Collapsed with its children not in the page: where the script fetches them.
+    pub lazy: Option<String>,
     pub service: String,
     pub name: String,
     pub role: &'static str,
@@ -104,6 +106,10 @@ pub struct TracePage {
     pub rows: Vec<WfRow>,
     pub detail: Option<Detail>,
     pub span_missing: bool,
+    /// Rows under collapsed ones are fetched on expand; "expand all" reloads with them.
+    pub lazy: bool,
+    pub expand_all_href: String,
+    pub row_count: usize,
     pub download_href: String,
     pub json_href: String,
 }
@@ -125,17 +131,7 @@ pub async fn trace(
         ));
     }
     let options = state.analyze.clone();
-    let view = View {
-        raw: params.get("times").map(String::as_str) == Some("raw"),
-        q: params
-            .get("q")
-            .map(|q| q.trim().to_string())
-            .unwrap_or_default(),
-        span: params
-            .get("span")
-            .map(|s| s.trim().to_lowercase())
-            .unwrap_or_default(),
-    };
+    let view = View::from_params(&params);
     // Large traces take real CPU: keep it off the async workers.
     let response = tokio::task::spawn_blocking(move || {
         let page = build(id, &spans, &options, &view);
@@ -146,12 +142,65 @@ pub async fn trace(
     Ok(response)
 }
 
+#[derive(Template)]
+#[template(path = "rows.html")]
+pub struct RowsFragment {
+    pub rows: Vec<WfRow>,
+}
+
+/// `/traces/{id}/rows?parent=SPAN`: the waterfall rows of a span's children (each collapsed
+/// with its own children left out), as the script inserts them when a row is expanded.
+pub async fn rows(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
+) -> Result<Response, PageError> {
+    let id = parse_trace_id(trace_id.trim())?;
+    let view = View::from_params(&params);
+    if view.parent.is_none() {
+        return Err(PageError::bad_request(
+            "Give the span whose children to show: ?parent=<16 hex digits>.",
+        ));
+    }
+    let spans = state.store.trace(id).await?;
+    let options = state.analyze.clone();
+    let response = tokio::task::spawn_blocking(move || {
+        let page = build(id, &spans, &options, &view);
+        html(StatusCode::OK, &RowsFragment { rows: page.rows })
+    })
+    .await
+    .map_err(|_| PageError::bad_request("Loading these rows was interrupted; retry."))?;
+    Ok(response)
+}
+
 /// What the URL asks to see.
 #[derive(Debug, Clone, Default)]
 pub struct View {
     pub raw: bool,
     pub q: String,
     pub span: String,
+    /// `?expand=all`: every row in the page, none collapsed, even in a big trace.
+    pub expand_all: bool,
+    /// For `/traces/{id}/rows?parent=…`: only this span's children, each collapsed.
+    pub parent: Option<String>,
+}
+
+impl View {
+    pub fn from_params(params: &BTreeMap<String, String>) -> View {
+        let text = |name: &str| {
+            params
+                .get(name)
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        View {
+            raw: text("times") == "raw",
+            q: text("q"),
+            span: text("span").to_lowercase(),
+            expand_all: text("expand") == "all",
+            parent: Some(text("parent").to_lowercase()).filter(|p| !p.is_empty()),
+        }
+    }
 }
 
 impl View {
@@ -215,14 +264,25 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         .position(|row| spans[row.span].span_id.to_hex() == view.span);
 
     // Which rows start collapsed: deep ones in big traces, never on the way to a selected
-    // or highlighted span.
+    // or highlighted span. Big traces leave the rows under a collapsed one out of the page
+    // (`lazy`): the script fetches them from `/traces/{id}/rows` when it is expanded.
+    let big = n > COLLAPSE_ABOVE && !view.expand_all;
+    let fragment_root = view.parent.as_ref().map(|parent| {
+        analysis
+            .rows
+            .iter()
+            .position(|row| spans[row.span].span_id.to_hex() == *parent)
+    });
     let mut collapsed: Vec<bool> = (0..n)
-        .map(|r| n > COLLAPSE_ABOVE && has_children[r] && analysis.rows[r].depth >= 2)
+        .map(|r| match fragment_root {
+            Some(_) => has_children[r],
+            None => big && has_children[r] && analysis.rows[r].depth >= 2,
+        })
         .collect();
     for r in (0..n).filter(|&r| matched[r] || Some(r) == selected_row) {
         let mut up = parent_row[r];
         while let Some(p) = up {
-            collapsed[p] = false;
+            collapsed[p] = fragment_root.is_some() && collapsed[p];
             up = parent_row[p];
         }
     }
@@ -230,12 +290,18 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
     for r in 0..n {
         hidden[r] = parent_row[r].is_some_and(|p| hidden[p] || collapsed[p]);
     }
+    let lazy = big || fragment_root.is_some();
+    let rendered: Vec<usize> = match fragment_root {
+        Some(Some(root)) => (0..n).filter(|&r| parent_row[r] == Some(root)).collect(),
+        Some(None) => Vec::new(),
+        None if lazy => (0..n).filter(|&r| !hidden[r]).collect(),
+        None => (0..n).collect(),
+    };
 
-    let rows: Vec<WfRow> = analysis
-        .rows
+    let rows: Vec<WfRow> = rendered
         .iter()
-        .enumerate()
-        .map(|(r, row)| {
+        .map(|&r| {
+            let row = &analysis.rows[r];
             let span = &spans[row.span];
             let id = span.span_id.to_hex();
             let start = starts[r];
@@ -250,6 +316,16 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                 has_children: has_children[r],
                 collapsed: collapsed[r],
                 hidden: hidden[r],
+                lazy: (lazy && collapsed[r]).then(|| {
+                    format!(
+                        "{base}/rows{}",
+                        query_string([
+                            ("parent", id.as_str()),
+                            ("times", if view.raw { "raw" } else { "" }),
+                            ("q", view.q.as_str()),
+                        ])
+                    )
+                }),
                 service: span.service.clone(),
                 name: span.name.clone(),
                 role: row.role.as_str(),
@@ -368,6 +444,17 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         rows,
         detail,
         span_missing: !view.span.is_empty() && selected_row.is_none(),
+        lazy,
+        expand_all_href: format!(
+            "{base}{}",
+            query_string([
+                ("span", view.span.as_str()),
+                ("times", if view.raw { "raw" } else { "" }),
+                ("q", view.q.as_str()),
+                ("expand", "all"),
+            ])
+        ),
+        row_count: n,
         download_href: format!("/api/traces/{}/otlp", enc(&trace_id)),
         json_href: format!("/api/traces/{}", enc(&trace_id)),
         title,
