@@ -1353,10 +1353,10 @@ async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
         api.sort_by(f64::total_cmp);
         let at = |v: &[f64], q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
         println!(
-            "| {size} | {:.1} ms | {:.1} ms | {:.1} MiB | {:.1} ms | {:.2} |",
+            "| {size} | {:.1} ms | {:.1} ms | {:.0} KiB | {:.1} ms | {:.2} |",
             at(&page, 0.5),
             at(&page, 0.95),
-            bytes as f64 / (1024.0 * 1024.0),
+            bytes as f64 / 1024.0,
             at(&api, 0.5),
             at(&page, 0.5) / at(&api, 0.5)
         );
