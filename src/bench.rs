@@ -889,38 +889,6 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
     kv(key, any_value::Value::DoubleValue(value))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generated_traces_are_valid_and_carry_budgets() {
-        let requests = generate(1_000, 100);
-        assert_eq!(requests.len(), 10);
-        let options = NormalizeOptions {
-            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
-        };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
-        let spans: Vec<_> = requests
-            .into_iter()
-            .flat_map(|r| normalize(r, &options, now).spans)
-            .collect();
-        assert_eq!(spans.len(), 1_000, "every generated span is valid");
-        assert!(
-            spans.iter().all(|s| s.budget.is_some()),
-            "every hop and call has a budget"
-        );
-        assert!(
-            spans
-                .iter()
-                .any(|s| s.service == "edge" && s.parent_span_id.is_none())
-        );
-    }
-}
-
 /// Times `analyze` (and the API's JSON of it) on one generated trace per size.
 fn analyze_bench(bench: &AnalyzeBench) {
     use crate::analyze::{AnalyzeOptions, analyze};
@@ -1362,4 +1330,36 @@ async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_traces_are_valid_and_carry_budgets() {
+        let requests = generate(1_000, 100);
+        assert_eq!(requests.len(), 10);
+        let options = NormalizeOptions {
+            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let spans: Vec<_> = requests
+            .into_iter()
+            .flat_map(|r| normalize(r, &options, now).spans)
+            .collect();
+        assert_eq!(spans.len(), 1_000, "every generated span is valid");
+        assert!(
+            spans.iter().all(|s| s.budget.is_some()),
+            "every hop and call has a budget"
+        );
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.service == "edge" && s.parent_span_id.is_none())
+        );
+    }
 }

@@ -121,7 +121,10 @@ async fn writes_are_idempotent_first_copy_wins() {
         let first = span(1, 2, None, "a", "first", 1_000);
         let mut retry = first.clone();
         retry.name = "second".into();
-        store.write_spans(&[first.clone()]).await.unwrap();
+        store
+            .write_spans(std::slice::from_ref(&first))
+            .await
+            .unwrap();
         // An exporter retry, and a duplicate within one batch.
         store.write_spans(&[retry.clone(), retry]).await.unwrap();
         let stored = store.trace(TraceId([1; 16])).await.unwrap();
