@@ -166,6 +166,17 @@ async fn path_and_query(client: &Client) -> String {
     }
 }
 
+/// Clicks the element a CSS selector finds (panicking with the selector when there is none).
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
 async fn hidden_rows(client: &Client) -> u64 {
     client
         .execute(
@@ -386,31 +397,13 @@ async fn the_ui_in_a_real_browser() {
     );
     toggle.click().await.unwrap();
     assert_eq!(hidden_rows(&client).await, 0, "expanded again");
-    client
-        .find(Locator::Css("[data-collapse-all]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "[data-collapse-all]").await;
     assert_eq!(hidden_rows(&client).await, 2);
-    client
-        .find(Locator::Css("[data-expand-all]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "[data-expand-all]").await;
     assert_eq!(hidden_rows(&client).await, 0);
 
     // A span's details.
-    client
-        .find(Locator::Css(&format!("#row-{inventory_span} .wf-name a")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, &format!("#row-{inventory_span} .wf-name a")).await;
     let detail = client
         .wait()
         .for_element(Locator::Css("aside.detail"))

@@ -11,7 +11,7 @@ use axum::response::Response;
 
 use super::{
     Badge, MINUTE, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
-    fmt_percent, fmt_time, hop_href, html, now_unix_nano, query_string, trace_href,
+    fmt_percent, fmt_time, hop_href, html, query_string, trace_href,
 };
 use crate::analyze::hops::{Histogram, Rollup};
 use crate::analyze::{Exceed, Role, analyze};
@@ -69,12 +69,7 @@ pub async fn hop(
     Path((service, operation)): Path<(String, String)>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
-    let range = TimeRange::from_params(
-        params.get("range").map(String::as_str),
-        params.get("since").map(String::as_str),
-        params.get("until").map(String::as_str),
-        now_unix_nano(),
-    )?;
+    let range = TimeRange::from_query(&params)?;
     let (since, until) = range.aligned();
     let step = range.step();
     let rows = state

@@ -300,6 +300,18 @@ impl TimeRange {
         })
     }
 
+    /// The range a page's query asks for (`range`, or `since`/`until`), relative to now.
+    pub fn from_query(
+        params: &std::collections::BTreeMap<String, String>,
+    ) -> Result<TimeRange, PageError> {
+        TimeRange::from_params(
+            params.get("range").map(String::as_str),
+            params.get("since").map(String::as_str),
+            params.get("until").map(String::as_str),
+            now_unix_nano(),
+        )
+    }
+
     /// Query pairs that reproduce this range.
     pub fn pairs(&self) -> Vec<(&str, &str)> {
         if self.key == "custom" {

@@ -10,7 +10,7 @@ use axum::response::Response;
 
 use super::{
     Badge, MINUTE, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent,
-    hop_href, html, now_unix_nano, query_string,
+    hop_href, html, query_string,
 };
 use crate::analyze::hops::Rollup;
 use crate::store::rollup::HopRollupRow;
@@ -94,12 +94,7 @@ pub async fn overview(
     State(state): State<AppState>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
-    let range = TimeRange::from_params(
-        params.get("range").map(String::as_str),
-        params.get("since").map(String::as_str),
-        params.get("until").map(String::as_str),
-        now_unix_nano(),
-    )?;
+    let range = TimeRange::from_query(&params)?;
     let (since, until) = range.aligned();
     let step = range.step();
     let hourly = step % (60 * MINUTE) == 0;
