@@ -6,8 +6,10 @@ use std::collections::BTreeMap;
 use crate::analyze::summary::TraceSummary;
 use crate::analyze::{Flag, Outcome};
 use crate::model::TraceId;
+use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
+use super::rollup::ROLLUP_COLUMNS;
 
 /// A comparison on a span attribute: traces with at least one span where it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -269,6 +271,135 @@ pub(crate) fn driving_term(query: &TraceQuery) -> Option<String> {
         (None, None) => {}
     }
     query.outcome.map(|o| format!("outcome:{}", o.as_str()))
+}
+
+/// The backend-neutral start of a trace search: the driving term (or the summaries' start
+/// index), the summary filters and the time range. `instr` names the backend's
+/// substring-position function (`instr` on SQLite, `strpos` on Postgres). Returns the
+/// builder and the alias (`t` or `ts`) whose start and trace id order the results; the
+/// caller adds the keyset cursor and attribute filters, then `finish_search`.
+pub(crate) fn start_search<DB: Database>(
+    query: &TraceQuery,
+    instr: &str,
+) -> (QueryBuilder<DB>, &'static str)
+where
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let columns = summary_columns_ts();
+    let term = driving_term(query);
+    let order = if term.is_some() { "t" } else { "ts" };
+    let mut q: QueryBuilder<DB> = match term {
+        Some(term) => {
+            let mut q = QueryBuilder::new(format!(
+                "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
+                 WHERE t.term = "
+            ));
+            q.push_bind(term);
+            q
+        }
+        None => QueryBuilder::new(format!(
+            "SELECT {columns} FROM trace_summaries ts WHERE 1 = 1"
+        )),
+    };
+    let needles = [
+        ("services", query.service.as_deref().map(service_needle)),
+        (
+            "operations",
+            query
+                .operation
+                .as_deref()
+                .map(|operation| operation_needle(query.service.as_deref(), operation)),
+        ),
+        ("flags", query.flag.map(flag_needle)),
+    ];
+    for (column, needle) in needles {
+        if let Some(needle) = needle {
+            q.push(format!(" AND {instr}(ts.{column}, "))
+                .push_bind(needle)
+                .push(") > 0");
+        }
+    }
+    if let Some(outcome) = query.outcome {
+        q.push(" AND ts.outcome = ")
+            .push_bind(outcome.as_str().to_string());
+    }
+    push_range(
+        &mut q,
+        "ts.duration_ms",
+        query.min_duration_ms,
+        query.max_duration_ms,
+    );
+    push_range(
+        &mut q,
+        "ts.budget_ms",
+        query.min_budget_ms,
+        query.max_budget_ms,
+    );
+    if let Some(since) = query.since_unix_nano {
+        q.push(format!(" AND {order}.start_unix_nano >= "))
+            .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
+    }
+    if let Some(until) = query.until_unix_nano {
+        q.push(format!(" AND {order}.start_unix_nano < "))
+            .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+    }
+    (q, order)
+}
+
+/// Newest first, at most `limit`: the end of every trace search.
+pub(crate) fn finish_search<DB: Database>(q: &mut QueryBuilder<DB>, order: &str, limit: u32)
+where
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    q.push(format!(
+        " ORDER BY {order}.start_unix_nano DESC, {order}.trace_id DESC LIMIT "
+    ))
+    .push_bind(i64::from(limit));
+}
+
+fn push_range<DB: Database>(
+    q: &mut QueryBuilder<DB>,
+    column: &str,
+    min: Option<f64>,
+    max: Option<f64>,
+) where
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    if let Some(min) = min {
+        q.push(format!(" AND {column} >= ")).push_bind(min);
+    }
+    if let Some(max) = max {
+        q.push(format!(" AND {column} <= ")).push_bind(max);
+    }
+}
+
+/// Rollup rows of one table in `[since, until)`, optionally of one service or operation.
+pub(crate) fn rollup_query<DB: Database>(
+    table: &str,
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+    operation: Option<&str>,
+) -> QueryBuilder<DB>
+where
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut q: QueryBuilder<DB> = QueryBuilder::new(format!(
+        "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE minute_unix_nano >= "
+    ));
+    q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
+        .push(" AND minute_unix_nano < ")
+        .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+    if let Some(service) = service {
+        q.push(" AND service = ").push_bind(service.to_string());
+    }
+    if let Some(operation) = operation {
+        q.push(" AND operation = ").push_bind(operation.to_string());
+    }
+    q
 }
 
 /// `SUMMARY_COLUMNS` qualified with the summaries' alias `ts`, for joins.

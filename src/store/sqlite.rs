@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::query::{
-    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, driving_term,
-    encode_summary, flag_needle, operation_needle, service_needle, summary_columns_ts, terms,
+    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
+    finish_search, rollup_query, start_search, terms,
 };
 use super::rollup::{
     HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
@@ -532,18 +532,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<HopRollupRow>, StoreError> {
         let mut rows = Vec::new();
         for (table, since, until) in rollup_ranges(since_unix_nano, until_unix_nano, hourly) {
-            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE minute_unix_nano >= "
-            ));
-            q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
-                .push(" AND minute_unix_nano < ")
-                .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
-            if let Some(service) = service {
-                q.push(" AND service = ").push_bind(service.to_string());
-            }
-            if let Some(operation) = operation {
-                q.push(" AND operation = ").push_bind(operation.to_string());
-            }
+            let mut q = rollup_query::<Sqlite>(table, since, until, service, operation);
             let found: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.reader).await?;
             rows.extend(found.into_iter().map(StoredRollup::decode));
         }
@@ -553,60 +542,7 @@ impl Store for SqliteStore {
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
         // Drive from the index of the most selective term when there is one (newest first
         // through the primary key); otherwise from the summaries' start index.
-        let columns = summary_columns_ts();
-        let term = driving_term(query);
-        let mut q: QueryBuilder<Sqlite> = match &term {
-            Some(term) => {
-                let mut q = QueryBuilder::new(format!(
-                    "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
-                     WHERE t.term = "
-                ));
-                q.push_bind(term.clone());
-                q
-            }
-            None => QueryBuilder::new(format!(
-                "SELECT {columns} FROM trace_summaries ts WHERE 1 = 1"
-            )),
-        };
-        let order = if term.is_some() { "t" } else { "ts" };
-        if let Some(service) = &query.service {
-            q.push(" AND instr(ts.services, ")
-                .push_bind(service_needle(service))
-                .push(") > 0");
-        }
-        if let Some(operation) = &query.operation {
-            q.push(" AND instr(ts.operations, ")
-                .push_bind(operation_needle(query.service.as_deref(), operation))
-                .push(") > 0");
-        }
-        if let Some(flag) = query.flag {
-            q.push(" AND instr(ts.flags, ")
-                .push_bind(flag_needle(flag))
-                .push(") > 0");
-        }
-        if let Some(outcome) = query.outcome {
-            q.push(" AND ts.outcome = ").push_bind(outcome.as_str());
-        }
-        push_range(
-            &mut q,
-            "ts.duration_ms",
-            query.min_duration_ms,
-            query.max_duration_ms,
-        );
-        push_range(
-            &mut q,
-            "ts.budget_ms",
-            query.min_budget_ms,
-            query.max_budget_ms,
-        );
-        if let Some(since) = query.since_unix_nano {
-            q.push(format!(" AND {order}.start_unix_nano >= "))
-                .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
-        }
-        if let Some(until) = query.until_unix_nano {
-            q.push(format!(" AND {order}.start_unix_nano < "))
-                .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
-        }
+        let (mut q, order) = start_search::<Sqlite>(query, "instr");
         if let Some(cursor) = query.cursor {
             let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
             q.push(format!(" AND ({order}.start_unix_nano < "))
@@ -630,10 +566,7 @@ impl Store for SqliteStore {
             };
             q.push(")");
         }
-        q.push(format!(
-            " ORDER BY {order}.start_unix_nano DESC, {order}.trace_id DESC LIMIT "
-        ))
-        .push_bind(i64::from(query.limit));
+        finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
     }
@@ -691,15 +624,6 @@ async fn apply_rollups(
         }
     }
     Ok(())
-}
-
-fn push_range(q: &mut QueryBuilder<Sqlite>, column: &str, min: Option<f64>, max: Option<f64>) {
-    if let Some(min) = min {
-        q.push(format!(" AND {column} >= ")).push_bind(min);
-    }
-    if let Some(max) = max {
-        q.push(format!(" AND {column} <= ")).push_bind(max);
-    }
 }
 
 #[cfg(test)]
