@@ -5,29 +5,20 @@ mod common;
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use budgetscope::analyze::AnalyzeOptions;
 use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
 use budgetscope::indexer::{IndexerOptions, index_pass};
 use budgetscope::store;
-use budgetscope::web::{AppState, app};
-use common::{TestDb, now_nanos};
+use budgetscope::web::AppState;
+use common::{TestDb, now_nanos, oneshot};
 use serde_json::Value;
-use tower::ServiceExt as _;
 
 async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
-    let response = app(state.clone())
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
+    let (status, _, body) = oneshot(state, uri).await;
     (
         status,
-        serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{uri}: {e}")),
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{uri}: {e}")),
     )
 }
 

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use common::{TestDb, post_otlp, say_skipped, start};
+use common::{TestDb, post_otlp, say_skipped, start, wait_until_searchable};
 use fantoccini::{Client, ClientBuilder, Locator};
 use opentelemetry::trace::{
     Span as _, SpanKind, TraceContextExt as _, Tracer as _, TracerProvider as _,
@@ -231,28 +231,12 @@ async fn the_ui_in_a_real_browser() {
         post_otlp(&server, &budgetscope::export::to_request(chunk)).await;
     }
     let base = format!("http://{}", server.http_addr);
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let body = http
-            .get(format!(
-                "{base}/api/traces?service=inventory&outcome=exceeded&limit=1000"
-            ))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if body.contains(&trace_id) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the exported trace was never analysed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_searchable(
+        &server,
+        "service=inventory&outcome=exceeded&limit=1000",
+        &trace_id,
+    )
+    .await;
 
     let driver = start_driver(&chromedriver);
     let mut capabilities = serde_json::Map::new();

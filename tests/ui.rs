@@ -3,18 +3,18 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{StatusCode, header};
 use budgetscope::analyze::AnalyzeOptions;
 use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
 use budgetscope::indexer::{IndexerOptions, index_pass};
 use budgetscope::model::Span;
 use budgetscope::store;
-use budgetscope::web::{AppState, app};
-use common::{TestDb, now_nanos, otlp_request, post_otlp, start};
-use tower::ServiceExt as _;
+use budgetscope::web::AppState;
+use common::{
+    TestDb, get_text, now_nanos, oneshot, otlp_request, post_otlp, start, wait_until_searchable,
+};
 
 struct Page {
     status: StatusCode,
@@ -23,19 +23,11 @@ struct Page {
 }
 
 async fn get(state: &AppState, uri: &str) -> Page {
-    let response = app(state.clone())
-        .oneshot(Request::get(uri).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
+    let (status, headers, body) = oneshot(state, uri).await;
     Page {
         status,
         headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
+        body,
     }
 }
 
@@ -366,25 +358,8 @@ edge server "GET /checkout" 0 900 budget=700
     ));
     post_otlp(&server, &otlp_request(&spans, 3000)).await;
     let id = spans[0].trace_id.to_hex();
-    let client = reqwest::Client::new();
-    let base = format!("http://{}", server.http_addr);
     // Wait for the analyzer so search, overview and hop pages have the trace.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let body = client
-            .get(format!("{base}/api/traces?limit=1"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        if body.contains(&id) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "trace was never analysed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_searchable(&server, "limit=1", &id).await;
     let enc = budgetscope::web::pages::enc;
     let pages = [
         "/".to_string(),
@@ -407,14 +382,7 @@ edge server "GET /checkout" 0 900 budget=700
         format!("/nowhere/{}", enc(HOSTILE[0])),
     ];
     for path in pages {
-        let body = client
-            .get(format!("{base}{path}"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let body = get_text(&server, &path).await;
         let lower = body.to_lowercase();
         assert!(!lower.contains("<script>alert"), "{path}: raw script");
         assert!(!lower.contains("<img src=x"), "{path}: raw img");

@@ -289,3 +289,51 @@ pub fn otel_provider(endpoint: &str, service: &str) -> opentelemetry_sdk::trace:
         )
         .build()
 }
+
+/// GET a page or document from the server's UI/API port, as text.
+pub async fn get_text(server: &RunningServer, path: &str) -> String {
+    reqwest::get(format!("http://{}{}", server.http_addr, path))
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("body")
+}
+
+/// Waits (up to 30 s) until `GET /api/traces?{query}` lists `trace_id`: the background
+/// analyzer has summarised it, so search, overview and hop pages include it.
+pub async fn wait_until_searchable(server: &RunningServer, query: &str, trace_id: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !get_text(server, &format!("/api/traces?{query}"))
+        .await
+        .contains(trace_id)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "trace {trace_id} was never analysed (searched ?{query})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One GET through the router (`web::app(state).oneshot`), no socket: status, headers, body.
+pub async fn oneshot(
+    state: &budgetscope::web::AppState,
+    uri: &str,
+) -> (axum::http::StatusCode, axum::http::HeaderMap, String) {
+    use tower::ServiceExt as _;
+    let response = budgetscope::web::app(state.clone())
+        .oneshot(
+            axum::http::Request::get(uri)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, headers, String::from_utf8(body.to_vec()).unwrap())
+}
