@@ -112,7 +112,7 @@ pub async fn hop(
     };
     let options = state.analyze.clone();
     let (svc, op) = (service.clone(), operation.clone());
-    let callers = tokio::task::spawn_blocking(move || callers(&spans, &svc, &op, &options))
+    let callers = tokio::task::spawn_blocking(move || callers(spans, &svc, &op, &options))
         .await
         .unwrap_or_default();
 
@@ -229,17 +229,14 @@ fn bins(histogram: &Histogram, label: impl Fn(f64) -> String) -> Vec<(String, f6
 /// operation) → (how many, an example trace id). Callers outside any instrumented hop are
 /// keyed by empty strings.
 fn callers(
-    spans: &[Span],
+    spans: Vec<Span>,
     service: &str,
     operation: &str,
     options: &crate::analyze::AnalyzeOptions,
 ) -> BTreeMap<(String, String), (usize, String)> {
     let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
     for span in spans {
-        by_trace
-            .entry(span.trace_id)
-            .or_default()
-            .push(span.clone());
+        by_trace.entry(span.trace_id).or_default().push(span);
     }
     let mut out: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
     for (id, spans) in by_trace {

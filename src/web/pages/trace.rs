@@ -119,6 +119,20 @@ pub async fn trace(
     Path(trace_id): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
+    render(&state, &trace_id, View::from_params(&params), |page| {
+        html(StatusCode::OK, &page)
+    })
+    .await
+}
+
+/// Reads the trace, builds its page off the async workers (large traces take real CPU)
+/// and hands it to `respond`; a trace with no spans is the friendly 404.
+async fn render(
+    state: &AppState,
+    trace_id: &str,
+    view: View,
+    respond: impl FnOnce(TracePage) -> Response + Send + 'static,
+) -> Result<Response, PageError> {
     let id = parse_trace_id(trace_id.trim())?;
     let spans = state.store.trace(id).await?;
     if spans.is_empty() {
@@ -131,15 +145,9 @@ pub async fn trace(
         ));
     }
     let options = state.analyze.clone();
-    let view = View::from_params(&params);
-    // Large traces take real CPU: keep it off the async workers.
-    let response = tokio::task::spawn_blocking(move || {
-        let page = build(id, &spans, &options, &view);
-        html(StatusCode::OK, &page)
-    })
-    .await
-    .map_err(|_| PageError::bad_request("Drawing this trace was interrupted; reload the page."))?;
-    Ok(response)
+    tokio::task::spawn_blocking(move || respond(build(id, &spans, &options, &view)))
+        .await
+        .map_err(|_| PageError::bad_request("Drawing this trace was interrupted; reload the page."))
 }
 
 #[derive(Template)]
@@ -155,22 +163,16 @@ pub async fn rows(
     Path(trace_id): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
-    let id = parse_trace_id(trace_id.trim())?;
     let view = View::from_params(&params);
     if view.parent.is_none() {
         return Err(PageError::bad_request(
             "Give the span whose children to show: ?parent=<16 hex digits>.",
         ));
     }
-    let spans = state.store.trace(id).await?;
-    let options = state.analyze.clone();
-    let response = tokio::task::spawn_blocking(move || {
-        let page = build(id, &spans, &options, &view);
+    render(&state, &trace_id, view, |page| {
         html(StatusCode::OK, &RowsFragment { rows: page.rows })
     })
     .await
-    .map_err(|_| PageError::bad_request("Loading these rows was interrupted; retry."))?;
-    Ok(response)
 }
 
 /// What the URL asks to see.
