@@ -10,8 +10,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{
-    Badge, MINUTE, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
-    fmt_percent, fmt_time, hop_href, html, query_string, trace_href,
+    Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
+    fmt_percent, fmt_time, hop_href, html, trace_href,
 };
 use crate::analyze::hops::{Histogram, Rollup};
 use crate::analyze::{Exceed, Role, analyze};
@@ -70,17 +70,8 @@ pub async fn hop(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
     let range = TimeRange::from_query(&params)?;
-    let (since, until) = range.aligned();
-    let step = range.step();
-    let rows = state
-        .store
-        .hop_rollups(
-            since,
-            until,
-            Some(&service),
-            Some(&operation),
-            step % (60 * MINUTE) == 0,
-        )
+    let rows = range
+        .rollups(state.store.as_ref(), Some(&service), Some(&operation))
         .await?;
     let base_query = TraceQuery {
         service: Some(service.clone()),
@@ -186,15 +177,10 @@ pub async fn hop(
                     .collect(),
             })
             .collect(),
-        traces_href: format!(
-            "/traces{}",
-            query_string([
-                ("service", service.as_str()),
-                ("operation", operation.as_str()),
-                ("since", &range.since_param() as &str),
-                ("until", range.until_text.as_str()),
-            ])
-        ),
+        traces_href: range.search_href(&[
+            ("service", service.as_str()),
+            ("operation", operation.as_str()),
+        ]),
         range_links: range.links(&hop_href(&service, &operation, ""), &[]),
         range_keep: Vec::new(),
         range_description: range.description(),

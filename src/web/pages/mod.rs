@@ -362,6 +362,30 @@ impl TimeRange {
             .unwrap_or(1440 * MINUTE)
     }
 
+    /// The rollup rows of this range at the resolution its chart buckets need (hour rows
+    /// only when every bucket is whole hours), optionally of one service or operation.
+    pub async fn rollups(
+        &self,
+        store: &dyn crate::store::Store,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
+        let (since, until) = self.aligned();
+        let hourly = self.step().is_multiple_of(60 * MINUTE);
+        store
+            .hop_rollups(since, until, service, operation, hourly)
+            .await
+    }
+
+    /// The trace search over this range, with `filters`.
+    pub fn search_href(&self, filters: &[(&str, &str)]) -> String {
+        let since = self.since_param();
+        let mut pairs = filters.to_vec();
+        pairs.push(("since", &since));
+        pairs.push(("until", &self.until_text));
+        format!("/traces{}", query_string(pairs))
+    }
+
     /// The range's start as the search page's `since` value.
     pub fn since_param(&self) -> String {
         if self.key == "custom" {

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{
-    Badge, MINUTE, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent,
-    hop_href, html, query_string,
+    Badge, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent, hop_href,
+    html, query_string,
 };
 use crate::analyze::hops::Rollup;
 use crate::store::rollup::HopRollupRow;
@@ -95,13 +95,7 @@ pub async fn overview(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
     let range = TimeRange::from_query(&params)?;
-    let (since, until) = range.aligned();
-    let step = range.step();
-    let hourly = step % (60 * MINUTE) == 0;
-    let rows = state
-        .store
-        .hop_rollups(since, until, None, None, hourly)
-        .await?;
+    let rows = range.rollups(state.store.as_ref(), None, None).await?;
     let first_run = rows.is_empty() && state.store.services().await?.is_empty();
     let sort = params
         .get("sort")
@@ -249,19 +243,7 @@ pub fn build(
             )
         })
         .collect();
-    let mut exceeded = range.pairs();
-    exceeded.retain(|(k, _)| *k != "range");
-    let exceeded_href = format!(
-        "/traces{}",
-        query_string(
-            [
-                ("outcome", "exceeded"),
-                ("since", &range.since_param() as &str)
-            ]
-            .into_iter()
-            .chain(exceeded.into_iter().filter(|(k, _)| *k == "until"))
-        )
-    );
+    let exceeded_href = range.search_href(&[("outcome", "exceeded")]);
     OverviewPage {
         nav: "overview",
         range_links: range.links("/", &[]),
