@@ -166,6 +166,15 @@ async fn path_and_query(client: &Client) -> String {
     }
 }
 
+/// Waits (fantoccini's default 30 s) for the element a CSS selector finds.
+async fn wait_for(client: &Client, css: &str) -> fantoccini::elements::Element {
+    client
+        .wait()
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css} never appeared: {e}"))
+}
+
 /// Clicks the element a CSS selector finds (panicking with the selector when there is none).
 async fn click(client: &Client, css: &str) {
     client
@@ -260,11 +269,7 @@ async fn the_ui_in_a_real_browser() {
 
     // Overview → a hop.
     client.goto(&format!("{base}/?range=1h")).await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("table.hops"))
-        .await
-        .unwrap();
+    wait_for(&client, "table.hops").await;
     assert_eq!(client.title().await.unwrap(), "Overview · budgetscope");
     screenshot(&client, "overview.png").await;
     client
@@ -276,11 +281,7 @@ async fn the_ui_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("#budget-h"))
-        .await
-        .unwrap();
+    wait_for(&client, "#budget-h").await;
     assert!(
         path_and_query(&client)
             .await
@@ -296,11 +297,7 @@ async fn the_ui_in_a_real_browser() {
     assert!(heading.contains("inventory GET /stock"), "{heading}");
     screenshot(&client, "hop.png").await;
     client.back().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("table.hops"))
-        .await
-        .unwrap();
+    wait_for(&client, "table.hops").await;
     assert_eq!(
         path_and_query(&client).await,
         "/?range=1h",
@@ -325,11 +322,7 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     form.submit().await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("table.traces"))
-        .await
-        .unwrap();
+    wait_for(&client, "table.traces").await;
     let url = path_and_query(&client).await;
     assert!(
         url.contains("service=inventory") && url.contains("outcome=exceeded"),
@@ -347,11 +340,7 @@ async fn the_ui_in_a_real_browser() {
         .click()
         .await
         .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css(".waterfall"))
-        .await
-        .unwrap();
+    wait_for(&client, ".waterfall").await;
     let verdict = client
         .find(Locator::Css(".verdict"))
         .await
@@ -388,11 +377,7 @@ async fn the_ui_in_a_real_browser() {
 
     // A span's details.
     click(&client, &format!("#row-{inventory_span} .wf-name a")).await;
-    let detail = client
-        .wait()
-        .for_element(Locator::Css("aside.detail"))
-        .await
-        .unwrap();
+    let detail = wait_for(&client, "aside.detail").await;
     let text = detail.text().await.unwrap();
     assert!(
         text.contains("deadline.remaining_ms") && text.contains("cache miss"),
@@ -446,11 +431,7 @@ async fn the_ui_in_a_real_browser() {
         .submit()
         .await
         .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css(".waterfall"))
-        .await
-        .unwrap();
+    wait_for(&client, ".waterfall").await;
     assert_eq!(path_and_query(&client).await, format!("/traces/{trace_id}"));
 
     // A big trace opens with deep subtrees collapsed; expanding one fetches its rows.
@@ -458,11 +439,7 @@ async fn the_ui_in_a_real_browser() {
         .goto(&format!("{base}/traces/{}", large_id.to_hex()))
         .await
         .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css(".waterfall"))
-        .await
-        .unwrap();
+    wait_for(&client, ".waterfall").await;
     let count = |client: Client| async move {
         client
             .execute("return document.querySelectorAll('.wf-row').length", vec![])
@@ -522,22 +499,14 @@ async fn the_ui_in_a_real_browser() {
     )
     .await;
     client.goto(&format!("{base}/?range=1h")).await.unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("table.hops"))
-        .await
-        .unwrap();
+    wait_for(&client, "table.hops").await;
     screenshot(&client, "overview-dark.png").await;
     client.set_window_size(390, 844).await.unwrap();
     client
         .goto(&format!("{base}/traces/{trace_id}?span={inventory_span}"))
         .await
         .unwrap();
-    client
-        .wait()
-        .for_element(Locator::Css("aside.detail"))
-        .await
-        .unwrap();
+    wait_for(&client, "aside.detail").await;
     client
         .execute("window.scrollTo(0, 0)", vec![])
         .await
