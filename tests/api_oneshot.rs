@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use budgetscope::analyze::AnalyzeOptions;
-use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
 use budgetscope::indexer::{IndexerOptions, index_pass};
 use budgetscope::store;
 use budgetscope::web::AppState;
-use common::{TestDb, now_nanos, oneshot};
+use common::{TestDb, checkout_a_minute_ago, oneshot};
 use serde_json::Value;
 
 async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
@@ -26,19 +25,7 @@ async fn get(state: &AppState, uri: &str) -> (StatusCode, Value) {
 async fn trace_search_and_hops_through_the_router() {
     for db in TestDb::all().await {
         let store = store::open(&db.url).await.unwrap();
-        let mut spans = parse(
-            r#"
-edge server "GET /checkout" 0 1540 budget=800
-  edge client "GET /stock" 20 1500 budget=5000
-    inventory server "GET /stock" 25 1490 budget=5000
-"#,
-        );
-        // Fixtures are dated 2023: move them to a minute ago.
-        let shift = now_nanos() - 60_000_000_000 - BASE_UNIX_NANO;
-        for span in &mut spans {
-            span.start_unix_nano += shift;
-            span.end_unix_nano += shift;
-        }
+        let spans = checkout_a_minute_ago();
         store.write_spans(&spans).await.unwrap();
         let state = AppState {
             store: store.clone(),

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use axum::http::{StatusCode, header};
 use budgetscope::analyze::AnalyzeOptions;
-use budgetscope::analyze::fixture::{BASE_UNIX_NANO, parse};
+use budgetscope::analyze::fixture::parse;
 use budgetscope::indexer::{IndexerOptions, index_pass};
-use budgetscope::model::Span;
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{
-    TestDb, get_text, now_nanos, oneshot, otlp_request, post_otlp, start, wait_until_searchable,
+    TestDb, checkout_a_minute_ago, get_text, oneshot, otlp_request, post_otlp, start,
+    wait_until_searchable,
 };
 
 struct Page {
@@ -29,23 +29,6 @@ async fn get(state: &AppState, uri: &str) -> Page {
         headers,
         body,
     }
-}
-
-/// The inflated-checkout trace of BUDGET_SEMANTICS.md, a minute ago.
-fn checkout() -> Vec<Span> {
-    let mut spans = parse(
-        r#"
-edge server "GET /checkout" 0 1540 budget=800
-  edge client "GET /stock" 20 1500 budget=5000
-    inventory server "GET /stock" 25 1490 budget=5000
-"#,
-    );
-    let shift = now_nanos() - 60_000_000_000 - BASE_UNIX_NANO;
-    for span in &mut spans {
-        span.start_unix_nano += shift;
-        span.end_unix_nano += shift;
-    }
-    spans
 }
 
 #[tokio::test]
@@ -69,7 +52,7 @@ async fn every_page_shows_the_budget_story() {
             "{backend}: empty state explains setup"
         );
 
-        let spans = checkout();
+        let spans = checkout_a_minute_ago();
         store.write_spans(&spans).await.unwrap();
         let options = IndexerOptions {
             quiet_period: Duration::ZERO,

@@ -337,3 +337,22 @@ pub async fn oneshot(
         .unwrap();
     (status, headers, String::from_utf8(body.to_vec()).unwrap())
 }
+
+/// The inflated-checkout trace of BUDGET_SEMANTICS.md (edge forwards a fresh 5 s timeout
+/// with 780 ms left; inventory takes 1.49 s), moved to end about a minute ago.
+pub fn checkout_a_minute_ago() -> Vec<budgetscope::model::Span> {
+    let mut spans = budgetscope::analyze::fixture::parse(
+        r#"
+edge server "GET /checkout" 0 1540 budget=800
+  edge client "GET /stock" 20 1500 budget=5000
+    inventory server "GET /stock" 25 1490 budget=5000
+"#,
+    );
+    // Fixtures are dated 2023: retention would delete them.
+    let shift = now_nanos() - 60_000_000_000 - budgetscope::analyze::fixture::BASE_UNIX_NANO;
+    for span in &mut spans {
+        span.start_unix_nano += shift;
+        span.end_unix_nano += shift;
+    }
+    spans
+}
