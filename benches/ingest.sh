@@ -15,6 +15,8 @@ bin=target/release/budgetscope
 
 configs=(
   "--transport grpc --batch 512 --concurrency 8 --spans 200000"
+  # Sustained: long enough (~30 s) for the background analyzer to run beside ingest.
+  "--transport grpc --batch 512 --concurrency 8 --spans 1000000"
   "--transport grpc --batch 100 --concurrency 8 --spans 200000"
   "--transport grpc --batch 100 --concurrency 32 --spans 200000"
   "--transport http-proto --batch 512 --concurrency 8 --spans 200000 --gzip"
@@ -24,9 +26,9 @@ configs=(
 field() { grep -F "| $1" "$2" | head -n1 | awk -F'|' '{print $3}' | sed 's/ //g; s/spans\/s//'; }
 median_range() { sort -g | awk '{v[NR]=$1} END {m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "%s (%s–%s)", m, v[1], v[NR]}'; }
 
-printf '| configuration | committed spans/s | raw ceiling spans/s | ratio | p50 / p99 ms | peak RSS MiB |\n|---|---|---|---|---|---|\n'
+printf '| configuration | committed spans/s | raw ceiling spans/s | ratio | p50 / p99 ms | peak RSS MiB | traces summarised during the run |\n|---|---|---|---|---|---|---|\n'
 for config in "${configs[@]}"; do
-  rates=(); ceilings=(); ratios=(); lat=""; rss=""
+  rates=(); ceilings=(); ratios=(); lat=""; rss=""; summarised=""
   for i in $(seq 1 "$repeats"); do
     out=$(mktemp)
     # shellcheck disable=SC2086
@@ -36,11 +38,12 @@ for config in "${configs[@]}"; do
     ratios+=("$(field 'end to end / raw INSERT' "$out")")
     lat=$(grep -F '| export latency' "$out" | awk -F'|' '{print $3}' | sed 's/ ms//g; s/^ //; s/ $//')
     rss=$(field 'server peak RSS' "$out" | sed 's/MiB//')
+    summarised=$(grep -F '| traces summarised' "$out" | awk -F'|' '{print $3}' | sed 's/^ //; s/ $//')
     echo "  run $i of [$config]: ${rates[-1]} spans/s, ceiling ${ceilings[-1]}, ratio ${ratios[-1]}" >&2
     rm -f "$out" "$out.err"
   done
-  printf '| %s | %s | %s | %s | %s | %s |\n' "$config" \
+  printf '| %s | %s | %s | %s | %s | %s | %s |\n' "$config" \
     "$(printf '%s\n' "${rates[@]}" | median_range)" \
     "$(printf '%s\n' "${ceilings[@]}" | median_range)" \
-    "$(printf '%s\n' "${ratios[@]}" | median_range)" "$lat" "$rss"
+    "$(printf '%s\n' "${ratios[@]}" | median_range)" "$lat" "$rss" "$summarised"
 done

@@ -4,17 +4,19 @@
 //! Architecture invariant: it only reads spans and writes summaries through the `Store`
 //! trait; marks are cleared compare-and-delete, so a span that arrives while its trace is
 //! being analysed marks it again and the trace is analysed once more. Marks live in the
-//! database, so traces committed before a restart are summarised after it.
+//! database, so traces committed before a restart are summarised after it. Ingest comes
+//! first: while requests wait for the store, the analyzer rests between passes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::analyze::hops::samples;
 use crate::analyze::summary::summarize;
 use crate::analyze::{AnalyzeOptions, analyze};
+use crate::ingest::Ingestor;
 use crate::model::{Span, TraceId};
 use crate::store::{Store, StoreError};
 
@@ -27,14 +29,30 @@ pub struct IndexerOptions {
     pub analyze: AnalyzeOptions,
 }
 
-pub async fn run(store: Arc<dyn Store>, options: IndexerOptions, stop: CancellationToken) {
+/// While ingest is backlogged, the analyzer rests this many times as long as its last pass
+/// took: it then has at most a quarter of the single writer's time (BENCHMARKS.md).
+const REST_PER_PASS: u32 = 3;
+
+/// The longest rest between two passes, so summaries still advance under sustained load.
+const MAX_REST: Duration = Duration::from_secs(2);
+
+/// Runs until `stop`. Passes yield to `ingest` whenever requests are waiting for the store:
+/// a span not yet committed can be lost (its exporter gives up), a trace not yet
+/// summarised only waits.
+pub async fn run(
+    store: Arc<dyn Store>,
+    options: IndexerOptions,
+    ingest: Option<Arc<Ingestor>>,
+    stop: CancellationToken,
+) {
     let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let backlogged = || ingest.as_ref().is_some_and(|ingest| ingest.backlogged());
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(poll) => {}
         }
-        match index_quiet_traces(store.as_ref(), &options, &stop).await {
+        match index_quiet_traces(store.as_ref(), &options, &backlogged, &stop).await {
             Ok(0) => {}
             Ok(traces) => tracing::debug!(traces, "summarised quiet traces"),
             Err(error) => tracing::warn!(%error, "summarising traces failed; will try again"),
@@ -42,18 +60,29 @@ pub async fn run(store: Arc<dyn Store>, options: IndexerOptions, stop: Cancellat
     }
 }
 
-/// Summarises every trace quiet now; returns how many.
+/// Summarises every trace quiet now; returns how many. After each pass, while
+/// `backlogged()` says ingest is waiting for the store, rests `REST_PER_PASS` times the
+/// pass's duration.
 pub async fn index_quiet_traces(
     store: &dyn Store,
     options: &IndexerOptions,
+    backlogged: &(dyn Fn() -> bool + Sync),
     stop: &CancellationToken,
 ) -> Result<usize, StoreError> {
     let mut done = 0;
     while !stop.is_cancelled() {
+        let started = Instant::now();
         let analysed = index_pass(store, options).await?;
         done += analysed;
         if analysed < PASS_SIZE as usize {
             break;
+        }
+        if backlogged() {
+            let rest = (started.elapsed() * REST_PER_PASS).min(MAX_REST);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(rest) => {}
+            }
         }
     }
     Ok(done)

@@ -109,6 +109,12 @@ impl Ingestor {
         answer.await.unwrap_or(Err(IngestError::Unavailable))
     }
 
+    /// Whether an admitted request is waiting for a writer right now: the store is the
+    /// bottleneck, and background work that also writes (the analyzer) should make room.
+    pub fn backlogged(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
     /// Stops accepting, commits everything already queued, and waits for the writers.
     pub async fn shutdown(&self) {
         self.jobs.close();

@@ -346,3 +346,60 @@ async fn cors_allows_only_configured_origins() {
     plain.shutdown().await;
     server.shutdown().await;
 }
+
+/// Waits (bounded) until `condition` holds; the bound only turns a hang into a failure.
+async fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "never true: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The analyzer yields to ingest on this signal, so it must be true exactly while a request
+/// waits for the store and false again once the store has caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
+    use budgetscope::ingest::{IngestOptions, Ingestor};
+    use budgetscope::store::EncodedBatch;
+
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let ingestor = Ingestor::start(
+        store,
+        &IngestOptions {
+            max_queued_spans: 100,
+            // One job per transaction, so the second job cannot ride along with the first.
+            max_batch_spans: 1,
+            writers: 1,
+        },
+    );
+    assert!(!ingestor.backlogged(), "nothing submitted yet");
+    let mut lock = hold_write_lock(&db).await;
+
+    let submit = |trace: u8| {
+        let ingestor = ingestor.clone();
+        tokio::spawn(async move {
+            let batch = EncodedBatch::encode(&common::fixture_trace(
+                trace,
+                r#"edge server "GET /backlog" 0 10 budget=100"#,
+            ));
+            let admission = ingestor.admit(batch.len()).unwrap();
+            ingestor.commit(admission, batch).await
+        })
+    };
+    let first = submit(1);
+    // The writer takes the first job at once and then waits for the lock.
+    eventually("the writer took the first job", || !ingestor.backlogged()).await;
+    let second = submit(2);
+    eventually("the second job waits in the queue", || {
+        ingestor.backlogged()
+    })
+    .await;
+
+    sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
+    assert_eq!(first.await.unwrap(), Ok(()));
+    assert_eq!(second.await.unwrap(), Ok(()));
+    assert!(!ingestor.backlogged(), "both jobs committed");
+    ingestor.shutdown().await;
+}

@@ -185,3 +185,35 @@ edge server "GET /" 0 300 budget=800
         server.shutdown().await;
     }
 }
+
+/// While ingest is backlogged the analyzer rests between passes, but it never stops: every
+/// quiet trace is still summarised, across more than one pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
+    use budgetscope::analyze::AnalyzeOptions;
+    use budgetscope::indexer::{IndexerOptions, index_quiet_traces};
+    use tokio_util::sync::CancellationToken;
+
+    for db in TestDb::all().await {
+        let store = budgetscope::store::open(&db.url).await.unwrap();
+        // 250 traces: more than one pass of the analyzer (200 traces per pass).
+        for id in 1..=250u8 {
+            let spans = trace(id, r#"edge server "GET /busy" 0 10 budget=100"#);
+            store.write_spans(&spans).await.unwrap();
+        }
+        let options = IndexerOptions {
+            quiet_period: Duration::ZERO,
+            analyze: AnalyzeOptions::default(),
+        };
+        let always_backlogged = || true;
+        let stop = CancellationToken::new();
+        let done = index_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+            .await
+            .unwrap();
+        assert_eq!(done, 250, "{}: every trace summarised", db.backend);
+        let again = index_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+            .await
+            .unwrap();
+        assert_eq!(again, 0, "{}: nothing left to summarise", db.backend);
+    }
+}
