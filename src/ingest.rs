@@ -9,6 +9,10 @@
 //! `Overloaded`, and the receiver turns that into a retryable status; nothing accepted is
 //! ever dropped. A store error fails the jobs of that batch with `Unavailable` (also
 //! retryable); the spans are not kept in memory for a later try.
+//!
+//! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
+//! a writer task queued behind request handling left the store idle between transactions
+//! (BENCHMARKS.md, "What moved the numbers").
 
 use std::sync::Arc;
 
@@ -25,6 +29,11 @@ pub struct IngestOptions {
     pub max_batch_spans: usize,
     /// Concurrent writer tasks: 1 suits SQLite (one writer anyway), more suit Postgres.
     pub writers: usize,
+    /// Run each writer on its own OS thread (a single-threaded runtime), so that a request
+    /// runtime busy receiving and decoding never delays the next transaction. Right for
+    /// SQLite, whose statements run on sqlx's own threads; not for Postgres, whose pooled
+    /// sockets are registered with the runtime that opened them.
+    pub own_threads: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -50,7 +59,50 @@ pub struct Ingestor {
     jobs: async_channel::Sender<Job>,
     admission: Arc<Semaphore>,
     max_queued_spans: usize,
-    writers: Mutex<Vec<JoinHandle<()>>>,
+    writers: Mutex<Vec<Writer>>,
+}
+
+/// A running writer: a task on the caller's runtime, or an OS thread of its own.
+enum Writer {
+    Task(JoinHandle<()>),
+    Thread(std::thread::JoinHandle<()>),
+}
+
+impl Writer {
+    fn start(options: &IngestOptions, run: impl Future<Output = ()> + Send + 'static) -> Writer {
+        if !options.own_threads {
+            return Writer::Task(tokio::spawn(run));
+        }
+        let thread = std::thread::Builder::new()
+            .name("ingest-writer".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a single-threaded runtime needs only a timer and an IO driver");
+                runtime.block_on(async {
+                    run.await;
+                    // Lets sqlx hand the last connection back to its pool before the
+                    // runtime, which would run that hand-back, is dropped.
+                    tokio::task::yield_now().await;
+                });
+            })
+            .expect("the OS could not start the ingest writer thread");
+        Writer::Thread(thread)
+    }
+
+    async fn join(self) {
+        let result = match self {
+            Writer::Task(task) => task.await.map_err(|e| e.to_string()),
+            Writer::Thread(thread) => tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|joined| joined.map_err(|_| "the thread panicked".to_string())),
+        };
+        if let Err(error) = result {
+            tracing::error!(%error, "ingest writer failed");
+        }
+    }
 }
 
 impl Ingestor {
@@ -59,11 +111,8 @@ impl Ingestor {
         let (jobs, queue) = async_channel::unbounded();
         let writers = (0..options.writers.max(1))
             .map(|_| {
-                tokio::spawn(write_loop(
-                    store.clone(),
-                    queue.clone(),
-                    options.max_batch_spans,
-                ))
+                let run = write_loop(store.clone(), queue.clone(), options.max_batch_spans);
+                Writer::start(options, run)
             })
             .collect();
         let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
@@ -120,9 +169,7 @@ impl Ingestor {
         self.jobs.close();
         let writers = std::mem::take(&mut *self.writers.lock().await);
         for writer in writers {
-            if let Err(error) = writer.await {
-                tracing::error!(%error, "ingest writer task failed");
-            }
+            writer.join().await;
         }
     }
 }

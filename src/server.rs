@@ -49,6 +49,7 @@ pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
             DbUrl::Sqlite(_) => 1,
             DbUrl::Postgres(_) => 4,
         },
+        own_threads: matches!(db, DbUrl::Sqlite(_)),
     }
 }
 

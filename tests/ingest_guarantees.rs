@@ -372,6 +372,7 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
             // One job per transaction, so the second job cannot ride along with the first.
             max_batch_spans: 1,
             writers: 1,
+            own_threads: true,
         },
     );
     assert!(!ingestor.backlogged(), "nothing submitted yet");
