@@ -282,7 +282,13 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         .flat_map(|s| &s.spans)
         .map(|span| span.trace_id.as_slice())
         .collect();
-    let unsummarised = reopened.quiet_traces(u64::MAX, u32::MAX).await?.len();
+    let unsummarised = reopened
+        .quiet_traces(u64::MAX, u32::MAX)
+        .await?
+        .into_iter()
+        .map(|(trace, _)| trace)
+        .collect::<HashSet<_>>()
+        .len();
     drop(reopened);
     latencies.sort();
     let quantile = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];

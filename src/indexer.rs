@@ -99,7 +99,10 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<u
     if marks.is_empty() {
         return Ok(0);
     }
-    let ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
+    // A trace marked by several commits comes with each of its marks.
+    let mut ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
     let spans = store.traces(&ids).await?;
     let analyze_options = options.analyze.clone();
     // One blocking task for the pass: group by trace, analyse, summarise. A trace deleted
@@ -121,5 +124,5 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<u
     .await
     .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
     store.write_summaries(&summaries, &marks).await?;
-    Ok(marks.len())
+    Ok(ids.len())
 }

@@ -367,3 +367,60 @@ async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
     assert!(analysed().await.is_some(), "10,000 summaries: refreshed");
     conn.close().await.unwrap();
 }
+
+/// The analyzer's marks: a trace is quiet only once its last commit is older than the
+/// cutoff, however many commits marked it; clearing what a pass analysed keeps a mark
+/// committed after that pass read them, so the trace is analysed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_clearing() {
+    on_every_store(|store, backend| async move {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        };
+        // Distinct commit times: the marks are nanosecond clock readings.
+        let tick = || tokio::time::sleep(std::time::Duration::from_millis(5));
+        let ids = |marks: &[(TraceId, i64)]| {
+            let mut ids: Vec<u8> = marks.iter().map(|(id, _)| id.0[0]).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let a = span(1, 1, None, "edge", "GET /a", 1_000);
+        let b = span(2, 1, None, "edge", "GET /b", 1_000);
+
+        store.write_spans(std::slice::from_ref(&a)).await.unwrap();
+        tick().await;
+        let between = now();
+        tick().await;
+        store.write_spans(std::slice::from_ref(&b)).await.unwrap();
+        // A's exporter retries: the span is stored once, but the trace is marked again.
+        store.write_spans(std::slice::from_ref(&a)).await.unwrap();
+        tick().await;
+
+        assert_eq!(
+            ids(&store.quiet_traces(between, 10).await.unwrap()),
+            Vec::<u8>::new(),
+            "{backend}: A was committed again after the cutoff, B only after it"
+        );
+        assert_eq!(
+            ids(&store.quiet_traces(now(), 1).await.unwrap()).len(),
+            1,
+            "{backend}: `limit` counts traces, not marks"
+        );
+        let marks = store.quiet_traces(now(), 10).await.unwrap();
+        assert_eq!(ids(&marks), [1, 2], "{backend}: both quiet now");
+
+        tick().await;
+        store.write_spans(std::slice::from_ref(&b)).await.unwrap();
+        store.write_summaries(&[], &marks).await.unwrap();
+        assert_eq!(
+            ids(&store.quiet_traces(now(), 10).await.unwrap()),
+            [2],
+            "{backend}: A cleared; B's later mark kept"
+        );
+    })
+    .await;
+}

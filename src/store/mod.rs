@@ -89,8 +89,9 @@ pub trait Store: Send + Sync + 'static {
     /// How many spans are stored.
     async fn span_count(&self) -> Result<u64, StoreError>;
 
-    /// Traces whose last spans were committed before `received_before`, oldest first, with
-    /// the commit time that marked them (pass it back to `write_summaries`).
+    /// Up to `limit` traces whose last spans were committed before `received_before`,
+    /// oldest first, each with the commit time of every mark it holds (pass them back to
+    /// `write_summaries`): a trace marked by several commits may appear more than once.
     async fn quiet_traces(
         &self,
         received_before: u64,

@@ -32,7 +32,7 @@ use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use sqlx::AssertSqlSafe;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
 const ROWS_PER_STATEMENT: usize = 1000;
@@ -198,14 +198,13 @@ impl SqliteStore {
         for size in statement_sizes(traces.len()) {
             let (chunk, rest) = remaining.split_at(size);
             remaining = rest;
+            // Appended at the right edge of the marks' B-tree (its key starts with the time).
             let mut mark: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO dirty_traces (trace_id, received_unix_nano) ");
+                QueryBuilder::new("INSERT INTO trace_marks (received_unix_nano, trace_id) ");
             mark.push_values(chunk, |mut b, trace| {
-                b.push_bind(trace.as_slice()).push_bind(received);
+                b.push_bind(received).push_bind(trace.as_slice());
             });
-            mark.push(
-                " ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano",
-            );
+            mark.push(" ON CONFLICT DO NOTHING");
             mark.build().persistent(true).execute(&mut *tx).await?;
         }
         tx.commit().await?;
@@ -375,15 +374,44 @@ impl Store for SqliteStore {
         received_before: u64,
         limit: u32,
     ) -> Result<Vec<(TraceId, i64)>, StoreError> {
-        let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
-            "SELECT trace_id, received_unix_nano FROM dirty_traces \
-             WHERE received_unix_nano < ? ORDER BY received_unix_nano LIMIT ?",
+        use futures_util::TryStreamExt as _;
+        let before = i64::try_from(received_before).unwrap_or(i64::MAX);
+        // One snapshot for both reads, so a mark committed in between cannot be missed.
+        let mut tx = self.reader.begin().await?;
+        // A trace with a recent mark is not quiet, whatever older marks it also has.
+        let recent: HashSet<Vec<u8>> = sqlx::query_scalar(
+            "SELECT DISTINCT trace_id FROM trace_marks WHERE received_unix_nano >= ?",
         )
-        .bind(i64::try_from(received_before).unwrap_or(i64::MAX))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await?;
-        decode_marks(rows)
+        .bind(before)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
+        let mut due = sqlx::query_as::<_, (Vec<u8>, i64)>(
+            "SELECT trace_id, received_unix_nano FROM trace_marks \
+             WHERE received_unix_nano < ? ORDER BY received_unix_nano",
+        )
+        .bind(before)
+        .fetch(&mut *tx);
+        // Every due mark of up to `limit` quiet traces, oldest first. A mark past the first
+        // `limit` traces stays for a later pass, which at worst analyses its trace again.
+        let mut traces: HashSet<Vec<u8>> = HashSet::new();
+        let mut marks = Vec::new();
+        while let Some((trace, received)) = due.try_next().await? {
+            if recent.contains(&trace) {
+                continue;
+            }
+            if !traces.contains(&trace) {
+                if traces.len() == limit as usize {
+                    break;
+                }
+                traces.insert(trace.clone());
+            }
+            marks.push((trace, received));
+        }
+        drop(due);
+        tx.rollback().await?;
+        decode_marks(marks)
     }
 
     async fn write_summaries(
@@ -509,11 +537,17 @@ impl Store for SqliteStore {
         )
         .await?;
         for chunk in analysed.chunks(500) {
-            let mut clear: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "DELETE FROM dirty_traces WHERE (trace_id, received_unix_nano) IN (",
-            );
+            // The first list lets SQLite find the marks by the key's time; on the pairs
+            // alone it scans the whole table.
+            let mut clear: QueryBuilder<Sqlite> =
+                QueryBuilder::new("DELETE FROM trace_marks WHERE received_unix_nano IN (");
+            let mut times = clear.separated(", ");
+            for (_, mark) in chunk {
+                times.push_bind(*mark);
+            }
+            clear.push(") AND (received_unix_nano, trace_id) IN (");
             clear.push_values(chunk, |mut b, (id, mark)| {
-                b.push_bind(id.0.as_slice()).push_bind(*mark);
+                b.push_bind(*mark).push_bind(id.0.as_slice());
             });
             clear.push(")");
             clear.build().execute(&mut *tx).await?;
