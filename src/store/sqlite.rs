@@ -86,7 +86,13 @@ impl SqliteStore {
         let writer_options = if in_memory {
             options.clone()
         } else {
-            options.clone().pragma("wal_autocheckpoint", "0")
+            options
+                .clone()
+                .pragma("wal_autocheckpoint", "0")
+                // The writer's B-tree descents touch pages all over the file: through a map
+                // they would all count as the server's resident memory. It reads through
+                // its own bounded page cache instead.
+                .pragma("mmap_size", "0")
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
