@@ -26,7 +26,7 @@ configs=(
 field() { grep -F "| $1" "$2" | head -n1 | awk -F'|' '{print $3}' | sed 's/ //g; s/spans\/s//'; }
 median_range() { sort -g | awk '{v[NR]=$1} END {m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "%s (%s–%s)", m, v[1], v[NR]}'; }
 
-printf '| configuration | committed spans/s | raw ceiling spans/s | ratio | p50 / p99 ms | peak RSS MiB | traces summarised during the run |\n|---|---|---|---|---|---|---|\n'
+printf '| configuration | committed spans/s | raw ceiling spans/s | ratio | p50 / p99 ms | peak RSS (anonymous) MiB | traces summarised during the run |\n|---|---|---|---|---|---|---|\n'
 for config in "${configs[@]}"; do
   rates=(); ceilings=(); ratios=(); lat=""; rss=""; summarised=""
   for i in $(seq 1 "$repeats"); do
@@ -37,7 +37,7 @@ for config in "${configs[@]}"; do
     ceilings+=("$(field 'raw ceiling: same rows, store INSERT' "$out")")
     ratios+=("$(field 'end to end / raw INSERT' "$out")")
     lat=$(grep -F '| export latency' "$out" | awk -F'|' '{print $3}' | sed 's/ ms//g; s/^ //; s/ $//')
-    rss=$(field 'server peak RSS' "$out" | sed 's/MiB//')
+    rss="$(field 'server peak RSS' "$out" | sed 's/MiB//') ($(field 'server peak anonymous RSS' "$out" | sed 's/MiB//'))"
     summarised=$(grep -F '| traces summarised' "$out" | awk -F'|' '{print $3}' | sed 's/^ //; s/ $//')
     echo "  run $i of [$config]: ${rates[-1]} spans/s, ceiling ${ceilings[-1]}, ratio ${ratios[-1]}" >&2
     rm -f "$out" "$out.err"
