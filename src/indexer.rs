@@ -42,11 +42,11 @@ const MAX_REST: Duration = Duration::from_secs(2);
 pub async fn run(
     store: Arc<dyn Store>,
     options: IndexerOptions,
-    ingest: Option<Arc<Ingestor>>,
+    ingest: Arc<Ingestor>,
     stop: CancellationToken,
 ) {
     let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let backlogged = || ingest.as_ref().is_some_and(|ingest| ingest.backlogged());
+    let backlogged = || ingest.backlogged();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -133,7 +133,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                     tolerance_ms: config.tolerance_ms,
                 },
             },
-            Some(ingestor.clone()),
+            ingestor.clone(),
             stop_background.clone(),
         )),
     ];
