@@ -102,6 +102,7 @@ pub struct ServeArgs {
     pub cors_origins: Vec<String>,
 
     /// How long a trace must receive no spans before it is analysed for search (e.g. 10s).
+    /// While exporters wait on the store, analysis yields to ingest and catches up later.
     #[arg(long, env = "BUDGETSCOPE_QUIET_PERIOD", default_value = "10s")]
     pub quiet_period: String,
 
