@@ -246,13 +246,14 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let progress = async {
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            peak_anon = peak_anon.max(server.anon_rss_bytes().unwrap_or(0));
+            let anon = server.anon_rss_bytes().unwrap_or(0);
+            peak_anon = peak_anon.max(anon);
             let done = acked.load(Ordering::Relaxed);
             eprintln!(
                 "  {done}/{total_spans} spans committed ({:.0} spans/s so far), server RSS {:.0} MiB ({:.0} MiB anonymous)",
                 done as f64 / started.elapsed().as_secs_f64(),
                 server.rss_bytes().unwrap_or(0) as f64 / 1048576.0,
-                server.anon_rss_bytes().unwrap_or(0) as f64 / 1048576.0,
+                anon as f64 / 1048576.0,
             );
         }
     };

@@ -41,15 +41,17 @@ pub struct RunningServer {
 }
 
 pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
+    // SQLite takes one writer at a time, on a thread of its own; Postgres commits in
+    // parallel from tasks of the main runtime, which owns its sockets.
+    let (writers, own_threads) = match db {
+        DbUrl::Sqlite(_) => (1, true),
+        DbUrl::Postgres(_) => (4, false),
+    };
     IngestOptions {
         max_queued_spans,
         max_batch_spans: 20_000,
-        // SQLite takes one writer at a time; Postgres commits in parallel.
-        writers: match db {
-            DbUrl::Sqlite(_) => 1,
-            DbUrl::Postgres(_) => 4,
-        },
-        own_threads: matches!(db, DbUrl::Sqlite(_)),
+        writers,
+        own_threads,
     }
 }
 

@@ -374,12 +374,7 @@ async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_clearing() {
     on_every_store(|store, backend| async move {
-        let now = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        };
+        let now = common::now_nanos;
         // Distinct commit times: the marks are nanosecond clock readings.
         let tick = || tokio::time::sleep(std::time::Duration::from_millis(5));
         let ids = |marks: &[(TraceId, i64)]| {
