@@ -304,6 +304,59 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
     );
 }
 
+/// The checkpoint sequence number in a WAL file's header, which SQLite raises each time
+/// the WAL starts over (https://sqlite.org/fileformat2.html#walformat).
+fn wal_sequence(wal: &str) -> Option<u32> {
+    use std::io::Read as _;
+    let mut header = [0u8; 16];
+    std::fs::File::open(wal)
+        .ok()?
+        .read_exact(&mut header)
+        .ok()?;
+    Some(u32::from_be_bytes(header[12..16].try_into().unwrap()))
+}
+
+/// Under writes that never pause, the WAL must start over while they go on, and through the
+/// writer's own checkpoint between two transactions: the checkpointer's TRUNCATE, which
+/// held the writer off for 90–190 ms, would leave the file at zero bytes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writer_starts_the_wal_over_between_transactions_without_truncating_it() {
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    let padding = "x".repeat(2_000);
+    let mut first_sequence = None;
+    // Each batch is about 2 MB; the reset is due past 64 MiB of WAL. Stops at the first
+    // restart; 200 batches without one is a failure.
+    for batch in 0..200u32 {
+        let spans: Vec<Span> = (0..1_000u32)
+            .map(|i| {
+                let mut s = span(0, 0, None, "bulk", &padding, 1_000);
+                s.trace_id = TraceId::from_bytes(
+                    &(u128::from(batch) << 32 | u128::from(i) | 1 << 101).to_be_bytes(),
+                )
+                .unwrap();
+                s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
+                s
+            })
+            .collect();
+        store.write_spans(&spans).await.unwrap();
+        let sequence = wal_sequence(&wal).expect("the WAL has a header after a commit");
+        let first = *first_sequence.get_or_insert(sequence);
+        if sequence != first {
+            let size = std::fs::metadata(&wal).unwrap().len();
+            assert!(
+                size >= 32 << 20,
+                "the WAL started over at batch {batch} but was cut to {} MiB: truncated by \
+                 the checkpointer rather than reused by the writer",
+                size >> 20
+            );
+            return;
+        }
+    }
+    panic!("400 MB written without a pause and the WAL never started over");
+}
+
 /// Regression: on Postgres with autovacuum off (as on the project's machine), a search for a
 /// common term sorted every match (109 ms at 57k traces) because the planner still had the
 /// statistics of an empty table. The store refreshes them as summaries accumulate.

@@ -33,6 +33,8 @@ use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use sqlx::AssertSqlSafe;
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
 const ROWS_PER_STATEMENT: usize = 1000;
@@ -53,12 +55,21 @@ fn statement_sizes(len: usize) -> impl Iterator<Item = usize> {
 /// How often the background checkpointer copies the WAL into the database file.
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
-/// WAL frames (pages, 4 KiB by default) past which the checkpointer restarts the WAL.
+/// WAL frames (pages, 4 KiB by default) past which the writer is asked to start the WAL
+/// over (see `begin_write`).
 const WAL_RESET_FRAMES: i64 = 16_384;
+
+/// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` and longer than
+/// the pass before, after which the checkpointer forces the reset itself: the writer's
+/// resets keep failing (a reader holds an old snapshot).
+const WAL_FORCED_RESET_PASSES: u32 = 4;
 
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    /// Set by the checkpointer when the WAL has grown past `WAL_RESET_FRAMES`; the next
+    /// write transaction first lets the WAL start over.
+    wal_reset_due: Arc<AtomicBool>,
     /// Stops the background checkpointer when the store is dropped.
     _checkpointer: Option<tokio_util::sync::DropGuard>,
 }
@@ -119,16 +130,49 @@ impl SqliteStore {
                 .connect_with(options.clone().read_only(true))
                 .await?
         };
+        let wal_reset_due = Arc::new(AtomicBool::new(false));
         let checkpointer = if in_memory {
             None
         } else {
-            Some(start_checkpointer(options).await?)
+            Some(start_checkpointer(options, wal_reset_due.clone()).await?)
         };
         Ok(SqliteStore {
             writer,
             reader,
+            wal_reset_due,
             _checkpointer: checkpointer,
         })
+    }
+
+    /// Begins a write transaction. When the checkpointer asked for a WAL reset, a passive
+    /// checkpoint runs on the writer's own connection first: between two of its
+    /// transactions nothing else commits, so it can copy the WAL's last frames, and the
+    /// transaction that follows starts the WAL over from its first byte. Done by the
+    /// checkpointer's connection instead, the reset held the writer off for 90–190 ms
+    /// (lock waits with SQLite's sleeping busy handler on both sides, then a truncate);
+    /// here it costs the copy of the frames written since the last background pass.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        if self.wal_reset_due.swap(false, Ordering::AcqRel) {
+            let started = std::time::Instant::now();
+            let checkpoint: Result<(i64, i64, i64), _> =
+                sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                    .fetch_one(&self.writer)
+                    .await;
+            match checkpoint {
+                Ok((busy, wal_frames, copied)) => tracing::debug!(
+                    busy,
+                    wal_frames,
+                    copied,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "writer checkpointed before starting the WAL over"
+                ),
+                Err(error) => tracing::warn!(
+                    %error,
+                    "sqlite could not checkpoint before starting its WAL over; will try again"
+                ),
+            }
+        }
+        Ok(self.writer.begin().await?)
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -153,7 +197,7 @@ impl SqliteStore {
         operations: &[OperationRow],
         traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         let mut remaining = rows;
         for size in statement_sizes(rows.len()) {
             let (chunk, rest) = remaining.split_at(size);
@@ -223,12 +267,14 @@ impl SqliteStore {
 /// auto-checkpoint is off, so commits never pay for this work.
 async fn start_checkpointer(
     options: SqliteConnectOptions,
+    wal_reset_due: Arc<AtomicBool>,
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
     let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let stopped = stop.clone();
     tokio::spawn(async move {
+        let (mut last_wal_frames, mut growing_passes) = (0, 0);
         loop {
             tokio::select! {
                 _ = stopped.cancelled() => break,
@@ -240,10 +286,34 @@ async fn start_checkpointer(
                     .await;
             match passive {
                 // Under steady writes a passive checkpoint never catches up with the last
-                // frame, so SQLite never starts the WAL over and it grows without bound.
-                // Past the limit, TRUNCATE waits for readers, holds writers briefly, copies
-                // every frame and restarts the WAL at zero bytes.
+                // frame, so SQLite never starts the WAL over and it would grow without
+                // bound. The writer resets it between two transactions (`begin_write`).
                 Ok((_, wal_frames, _)) if wal_frames > WAL_RESET_FRAMES => {
+                    // Copies what the writer committed during the pass above, so that the
+                    // writer's own checkpoint has only the last few frames left to copy.
+                    for _ in 0..3 {
+                        let again: Result<(i64, i64, i64), _> =
+                            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+                                .fetch_one(&mut conn)
+                                .await;
+                        match again {
+                            Ok((_, frames, copied)) if frames - copied > 256 => continue,
+                            _ => break,
+                        }
+                    }
+                    wal_reset_due.store(true, Ordering::Release);
+                    growing_passes = if wal_frames > last_wal_frames {
+                        growing_passes + 1
+                    } else {
+                        0
+                    };
+                    last_wal_frames = wal_frames;
+                    if growing_passes < WAL_FORCED_RESET_PASSES {
+                        continue;
+                    }
+                    // TRUNCATE waits for readers, holds the writer off, copies every frame
+                    // and restarts the WAL at zero bytes.
+                    growing_passes = 0;
                     if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
                         .execute(&mut conn)
                         .await
@@ -251,7 +321,7 @@ async fn start_checkpointer(
                         tracing::warn!(%error, wal_frames, "sqlite could not reset its WAL; will try again");
                     }
                 }
-                Ok(_) => {}
+                Ok(_) => (last_wal_frames, growing_passes) = (0, 0),
                 Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
@@ -330,7 +400,7 @@ impl Store for SqliteStore {
 
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
         let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         let deleted = sqlx::query(
             "DELETE FROM spans WHERE rowid IN \
              (SELECT rowid FROM spans WHERE start_unix_nano < ? LIMIT ?)",
@@ -429,7 +499,7 @@ impl Store for SqliteStore {
             .iter()
             .map(|(summary, _)| encode_summary(summary))
             .collect();
-        let mut tx = self.writer.begin().await?;
+        let mut tx = self.begin_write().await?;
         for chunk in rows.chunks(500) {
             let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
                 "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
