@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, bail};
+use bytes::Bytes;
 use clap::{Args, Subcommand, ValueEnum};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -27,7 +28,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
-use bytes::Bytes;
 use prost::Message as _;
 use rand::Rng as _;
 
@@ -132,7 +132,6 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
-/// One export request, encoded for the transport ahead of time.
 /// One export request, encoded (and for HTTP, compressed) before the timed run: the load
 /// generator shares the machine's two cores with the server, and its own encoding is not
 /// what the benchmark measures.

@@ -268,6 +268,21 @@ async fn ping_answers_on_a_live_store() {
     .await;
 }
 
+/// Batch `batch` of 1,000 one-span traces named "bulk" carrying `padding`; `tag` (a high bit)
+/// keeps one test's trace ids apart from another's.
+fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
+    (0..1_000u32)
+        .map(|i| {
+            let mut s = span(0, 0, None, "bulk", padding, 1_000);
+            s.trace_id =
+                TraceId::from_bytes(&(u128::from(batch) << 32 | u128::from(i) | tag).to_be_bytes())
+                    .unwrap();
+            s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
+            s
+        })
+        .collect()
+}
+
 /// Regression: with writes that never pause, passive checkpoints never caught up, SQLite
 /// never restarted the WAL, and it grew to 67 GB during a 10M-span benchmark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,18 +294,10 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
     let mut peak = 0u64;
     // About 120 MB of rows, written back to back: twice the reset threshold (64 MiB).
     for batch in 0..60u32 {
-        let spans: Vec<Span> = (0..1_000u32)
-            .map(|i| {
-                let mut s = span(0, 0, None, "bulk", &padding, 1_000);
-                s.trace_id = TraceId::from_bytes(
-                    &(u128::from(batch) << 32 | u128::from(i) | 1 << 100).to_be_bytes(),
-                )
-                .unwrap();
-                s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
-                s
-            })
-            .collect();
-        store.write_spans(&spans).await.unwrap();
+        store
+            .write_spans(&bulk_spans(batch, 1 << 100, &padding))
+            .await
+            .unwrap();
         peak = peak.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
     }
     // Give the checkpointer (every 500 ms) a chance to run after the last write.
@@ -302,18 +309,6 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
         after >> 20,
         peak >> 20
     );
-}
-
-/// The checkpoint sequence number in a WAL file's header, which SQLite raises each time
-/// the WAL starts over (https://sqlite.org/fileformat2.html#walformat).
-fn wal_sequence(wal: &str) -> Option<u32> {
-    use std::io::Read as _;
-    let mut header = [0u8; 16];
-    std::fs::File::open(wal)
-        .ok()?
-        .read_exact(&mut header)
-        .ok()?;
-    Some(u32::from_be_bytes(header[12..16].try_into().unwrap()))
 }
 
 /// Under writes that never pause, the WAL must start over while they go on, and through the
@@ -329,19 +324,12 @@ async fn sqlite_writer_starts_the_wal_over_between_transactions_without_truncati
     // Each batch is about 2 MB; the reset is due past 64 MiB of WAL. Stops at the first
     // restart; 200 batches without one is a failure.
     for batch in 0..200u32 {
-        let spans: Vec<Span> = (0..1_000u32)
-            .map(|i| {
-                let mut s = span(0, 0, None, "bulk", &padding, 1_000);
-                s.trace_id = TraceId::from_bytes(
-                    &(u128::from(batch) << 32 | u128::from(i) | 1 << 101).to_be_bytes(),
-                )
-                .unwrap();
-                s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
-                s
-            })
-            .collect();
-        store.write_spans(&spans).await.unwrap();
-        let sequence = wal_sequence(&wal).expect("the WAL has a header after a commit");
+        store
+            .write_spans(&bulk_spans(batch, 1 << 101, &padding))
+            .await
+            .unwrap();
+        let sequence = store::sqlite::wal_sequence(std::path::Path::new(&wal))
+            .expect("the WAL has a header after a commit");
         let first = *first_sequence.get_or_insert(sequence);
         if sequence != first {
             let size = std::fs::metadata(&wal).unwrap().len();

@@ -59,10 +59,24 @@ const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 /// over (see `begin_write`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
-/// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` and longer than
-/// the pass before, after which the checkpointer forces the reset itself: the writer's
-/// resets keep failing (a reader holds an old snapshot).
+/// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` without its
+/// having started over since the pass before, after which the checkpointer forces the reset
+/// itself: the writer's resets keep failing (a reader holds an old snapshot).
 const WAL_FORCED_RESET_PASSES: u32 = 4;
+
+/// The checkpoint sequence number in the WAL file's header, which SQLite raises each time
+/// the WAL starts over (https://sqlite.org/fileformat2.html#walformat).
+pub fn wal_sequence(wal: &std::path::Path) -> Option<u32> {
+    use std::io::Read as _;
+    let mut header = [0u8; 16];
+    std::fs::File::open(wal)
+        .ok()?
+        .read_exact(&mut header)
+        .ok()?;
+    Some(u32::from_be_bytes([
+        header[12], header[13], header[14], header[15],
+    ]))
+}
 
 pub struct SqliteStore {
     writer: SqlitePool,
@@ -150,7 +164,7 @@ impl SqliteStore {
     /// transaction that follows starts the WAL over from its first byte. Done by the
     /// checkpointer's connection instead, the reset held the writer off for 90–190 ms
     /// (lock waits with SQLite's sleeping busy handler on both sides, then a truncate);
-    /// here it costs the copy of the frames written since the last background pass.
+    /// here it costs 27–50 ms, mostly the checkpoint's two fsyncs (BENCHMARKS.md).
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
         if self.wal_reset_due.swap(false, Ordering::AcqRel) {
             let started = std::time::Instant::now();
@@ -271,10 +285,16 @@ async fn start_checkpointer(
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
     let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    let wal = {
+        let mut path = options.get_filename().as_os_str().to_owned();
+        path.push("-wal");
+        std::path::PathBuf::from(path)
+    };
     let stop = tokio_util::sync::CancellationToken::new();
     let stopped = stop.clone();
     tokio::spawn(async move {
-        let (mut last_wal_frames, mut growing_passes) = (0, 0);
+        // The WAL's sequence number at the last pass, and passes since it last changed.
+        let (mut last_sequence, mut stuck_passes) = (None, 0);
         loop {
             tokio::select! {
                 _ = stopped.cancelled() => break,
@@ -301,19 +321,29 @@ async fn start_checkpointer(
                             _ => break,
                         }
                     }
-                    wal_reset_due.store(true, Ordering::Release);
-                    growing_passes = if wal_frames > last_wal_frames {
-                        growing_passes + 1
+                    // Still set from the pass before: the writer has not begun a transaction
+                    // since, so a TRUNCATE here holds nobody off.
+                    let writer_idle = wal_reset_due.swap(true, Ordering::AcqRel);
+                    let sequence = wal_sequence(&wal);
+                    stuck_passes = if sequence == last_sequence {
+                        stuck_passes + 1
                     } else {
                         0
                     };
-                    last_wal_frames = wal_frames;
-                    if growing_passes < WAL_FORCED_RESET_PASSES {
+                    last_sequence = sequence;
+                    if !writer_idle && stuck_passes < WAL_FORCED_RESET_PASSES {
                         continue;
                     }
                     // TRUNCATE waits for readers, holds the writer off, copies every frame
                     // and restarts the WAL at zero bytes.
-                    growing_passes = 0;
+                    tracing::debug!(
+                        wal_frames,
+                        writer_idle,
+                        stuck_passes,
+                        "checkpointer truncates the WAL"
+                    );
+                    stuck_passes = 0;
+                    wal_reset_due.store(false, Ordering::Release);
                     if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
                         .execute(&mut conn)
                         .await
@@ -321,7 +351,7 @@ async fn start_checkpointer(
                         tracing::warn!(%error, wal_frames, "sqlite could not reset its WAL; will try again");
                     }
                 }
-                Ok(_) => (last_wal_frames, growing_passes) = (0, 0),
+                Ok(_) => stuck_passes = 0,
                 Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
