@@ -268,6 +268,14 @@ async fn ping_answers_on_a_live_store() {
     .await;
 }
 
+/// A fresh SQLite store and the path of its WAL file (`db` must outlive the store).
+async fn sqlite_store_and_wal() -> (TestDb, Arc<dyn Store>, String) {
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    (db, store, wal)
+}
+
 /// Batch `batch` of 1,000 one-span traces named "bulk" carrying `padding`; `tag` (a high bit)
 /// keeps one test's trace ids apart from another's.
 fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
@@ -287,9 +295,7 @@ fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
 /// never restarted the WAL, and it grew to 67 GB during a 10M-span benchmark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_wal_stays_bounded_under_continuous_writes() {
-    let db = TestDb::sqlite();
-    let store = store::open(&db.url).await.unwrap();
-    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    let (_db, store, wal) = sqlite_store_and_wal().await;
     let padding = "x".repeat(2_000);
     let mut peak = 0u64;
     // About 120 MB of rows, written back to back: twice the reset threshold (64 MiB).
@@ -316,9 +322,7 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
 /// held the writer off for 90–190 ms, would leave the file at zero bytes first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_writer_starts_the_wal_over_between_transactions_without_truncating_it() {
-    let db = TestDb::sqlite();
-    let store = store::open(&db.url).await.unwrap();
-    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    let (_db, store, wal) = sqlite_store_and_wal().await;
     let padding = "x".repeat(2_000);
     let mut first_sequence = None;
     // Each batch is about 2 MB; the reset is due past 64 MiB of WAL. Stops at the first

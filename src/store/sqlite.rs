@@ -175,11 +175,7 @@ impl SqliteStore {
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
         if self.wal_reset_due.swap(false, Ordering::AcqRel) {
             let started = std::time::Instant::now();
-            let checkpoint: Result<(i64, i64, i64), _> =
-                sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-                    .fetch_one(&self.writer)
-                    .await;
-            match checkpoint {
+            match passive_checkpoint(&self.writer).await {
                 Ok((busy, wal_frames, copied)) => tracing::debug!(
                     busy,
                     wal_frames,
@@ -283,6 +279,17 @@ impl SqliteStore {
     }
 }
 
+/// A PASSIVE checkpoint, which copies what it can without waiting for anyone: (1 if it
+/// could not run because another connection was checkpointing, frames in the WAL, frames
+/// copied so far).
+async fn passive_checkpoint<'c>(
+    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+) -> Result<(i64, i64, i64), sqlx::Error> {
+    sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+        .fetch_one(executor)
+        .await
+}
+
 /// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
 /// PASSIVE checkpoint, which never blocks the writer or readers. The writer's own
 /// auto-checkpoint is off, so commits never pay for this work.
@@ -307,11 +314,7 @@ async fn start_checkpointer(
                 _ = stopped.cancelled() => break,
                 _ = tokio::time::sleep(CHECKPOINT_PERIOD) => {}
             }
-            let passive: Result<(i64, i64, i64), _> =
-                sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-                    .fetch_one(&mut conn)
-                    .await;
-            match passive {
+            match passive_checkpoint(&mut conn).await {
                 // Under steady writes a passive checkpoint never catches up with the last
                 // frame, so SQLite never starts the WAL over and it would grow without
                 // bound. The writer resets it between two transactions (`begin_write`).
@@ -319,11 +322,7 @@ async fn start_checkpointer(
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
                     for _ in 0..3 {
-                        let again: Result<(i64, i64, i64), _> =
-                            sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-                                .fetch_one(&mut conn)
-                                .await;
-                        match again {
+                        match passive_checkpoint(&mut conn).await {
                             Ok((_, frames, copied)) if frames - copied > 256 => continue,
                             _ => break,
                         }
