@@ -407,7 +407,8 @@ async fn export_pre_encoded(
     client
         .ready()
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("gRPC channel not ready: {e}")))?;
+        // As the generated client does: not retryable, so a broken channel fails the run.
+        .map_err(|e| tonic::Status::unknown(format!("gRPC channel not ready: {e}")))?;
     client
         .unary(
             tonic::Request::new(body),
