@@ -291,6 +291,47 @@ fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
         .collect()
 }
 
+/// The SQLite writer runs its statements on the connection's raw handle, outside sqlx's
+/// transaction bookkeeping: a write that fails part-way must still roll back whole and
+/// leave the connection outside any transaction, or every later write would fail ("cannot
+/// start a transaction within a transaction") and the write lock would stay held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_write_that_fails_part_way_rolls_back_whole_and_the_next_commits() {
+    use sqlx::Connection as _;
+    let (db, store, _wal) = sqlite_store_and_wal().await;
+    let mut side = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER poison BEFORE INSERT ON spans WHEN NEW.name = 'poison' \
+         BEGIN SELECT RAISE(ABORT, 'poisoned span'); END",
+    )
+    .execute(&mut side)
+    .await
+    .unwrap();
+    let error = store
+        .write_spans(&[
+            span(1, 1, None, "a", "good", 1_000),
+            span(1, 2, None, "a", "poison", 1_000),
+        ])
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("poisoned span"), "{error}");
+    assert_eq!(
+        store.span_count().await.unwrap(),
+        0,
+        "the good span went back with the failed batch"
+    );
+    store
+        .write_spans(&[span(2, 1, None, "a", "good", 1_000)])
+        .await
+        .unwrap();
+    assert_eq!(store.span_count().await.unwrap(), 1);
+    // Needs the write lock, which a transaction left open would still hold.
+    sqlx::query("DROP TRIGGER poison")
+        .execute(&mut side)
+        .await
+        .unwrap();
+}
+
 /// Regression: with writes that never pause, passive checkpoints never caught up, SQLite
 /// never restarted the WAL, and it grew to 67 GB during a 10M-span benchmark.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -36,22 +36,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Rows per INSERT statement: 15 binds each stays under SQLite's 32,766 bind limit.
-const ROWS_PER_STATEMENT: usize = 1000;
-
-/// Splits `len` rows into statement sizes from a fixed set (1000, then powers of two), so
-/// that every INSERT text repeats and stays in the prepared-statement cache: preparing a
-/// statement with thousands of parameters costs more than running it.
-fn statement_sizes(len: usize) -> impl Iterator<Item = usize> {
-    let full = std::iter::repeat_n(ROWS_PER_STATEMENT, len / ROWS_PER_STATEMENT);
-    let rest = len % ROWS_PER_STATEMENT;
-    let powers = (0..usize::BITS)
-        .rev()
-        .map(|bit| 1usize << bit)
-        .filter(move |size| rest & size != 0);
-    full.chain(powers)
-}
-
 /// How often the background checkpointer copies the WAL into the database file.
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
@@ -121,6 +105,9 @@ impl SqliteStore {
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            // A ping before each transaction was a round trip to the connection's worker
+            // thread, waiting for a core as often as not (~3 ms each under load).
+            .test_before_acquire(false)
             .min_connections(if in_memory { 1 } else { 0 })
             .idle_timeout(if in_memory {
                 None
@@ -165,31 +152,38 @@ impl SqliteStore {
         })
     }
 
-    /// Begins a write transaction. When the checkpointer asked for a WAL reset, a passive
-    /// checkpoint runs on the writer's own connection first: between two of its
-    /// transactions nothing else commits, so it can copy the WAL's last frames, and the
-    /// transaction that follows starts the WAL over from its first byte. Done by the
-    /// checkpointer's connection instead, the reset held the writer off for 90–190 ms
-    /// (lock waits with SQLite's sleeping busy handler on both sides, then a truncate);
-    /// here it costs 27–50 ms, mostly the checkpoint's two fsyncs (BENCHMARKS.md).
+    /// Begins a write transaction, after `reset_wal_if_due`.
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        if self.wal_reset_due.swap(false, Ordering::AcqRel) {
-            let started = std::time::Instant::now();
-            match passive_checkpoint(&self.writer).await {
-                Ok((busy, wal_frames, copied)) => tracing::debug!(
-                    busy,
-                    wal_frames,
-                    copied,
-                    ms = started.elapsed().as_secs_f64() * 1e3,
-                    "writer checkpointed before starting the WAL over"
-                ),
-                Err(error) => tracing::warn!(
-                    %error,
-                    "sqlite could not checkpoint before starting its WAL over; will try again"
-                ),
-            }
+        let mut conn = self.writer.acquire().await?;
+        self.reset_wal_if_due(&mut conn).await;
+        Ok(sqlx::Transaction::begin(conn, None).await?)
+    }
+
+    /// When the checkpointer asked for a WAL reset, runs a passive checkpoint on the
+    /// writer's own connection, between two of its transactions: nothing else commits
+    /// meanwhile, so it copies the WAL's last frames, and the transaction that follows
+    /// starts the WAL over from its first byte. Done by the checkpointer's connection
+    /// instead, the reset held the writer off for 90–190 ms (lock waits with SQLite's
+    /// sleeping busy handler on both sides, then a truncate); here it costs 27–50 ms,
+    /// mostly the checkpoint's two fsyncs (BENCHMARKS.md).
+    async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
+        if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
+            return;
         }
-        Ok(self.writer.begin().await?)
+        let started = std::time::Instant::now();
+        match passive_checkpoint(&mut *conn).await {
+            Ok((busy, wal_frames, copied)) => tracing::debug!(
+                busy,
+                wal_frames,
+                copied,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "writer checkpointed before starting the WAL over"
+            ),
+            Err(error) => tracing::warn!(
+                %error,
+                "sqlite could not checkpoint before starting its WAL over; will try again"
+            ),
+        }
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -208,74 +202,100 @@ impl SqliteStore {
     }
 
     /// Inserts already-encoded rows in one transaction (also the benchmark's raw ceiling).
+    ///
+    /// The statements run on the calling thread, straight on the writer connection's
+    /// SQLite handle (`lock_handle`), one prepared single-row statement per table. Through
+    /// sqlx's statement API every statement was a round trip to the connection's worker
+    /// thread and every row was copied into an argument buffer first; with two cores busy
+    /// decoding requests, each of those round trips also waited for a core
+    /// (BENCHMARKS.md, "The writer's own thread").
     pub(crate) async fn insert_rows(
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
         traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        let mut remaining = rows;
-        for size in statement_sizes(rows.len()) {
-            let (chunk, rest) = remaining.split_at(size);
-            remaining = rest;
-            let mut insert: QueryBuilder<Sqlite> =
-                QueryBuilder::new(format!("INSERT INTO spans ({SPAN_COLUMNS}) "));
-            insert.push_values(chunk, |mut b, row| {
-                b.push_bind(row.trace_id.as_slice())
-                    .push_bind(row.span_id.as_slice())
-                    .push_bind(row.parent_span_id.as_deref())
-                    .push_bind(row.service.as_str())
-                    .push_bind(row.name.as_str())
-                    .push_bind(row.kind)
-                    .push_bind(row.start_unix_nano)
-                    .push_bind(row.end_unix_nano)
-                    .push_bind(row.status_code)
-                    .push_bind(row.status_message.as_str())
-                    .push_bind(row.budget_ms)
-                    .push_bind(row.budget_source.as_deref())
-                    .push_bind(row.attributes.as_str())
-                    .push_bind(row.resource.as_str())
-                    .push_bind(row.details.as_str());
-            });
-            insert.push(" ON CONFLICT (trace_id, span_id) DO NOTHING");
-            insert.build().persistent(true).execute(&mut *tx).await?;
-        }
-        let mut remaining = operations;
-        for size in statement_sizes(operations.len()) {
-            let (chunk, rest) = remaining.split_at(size);
-            remaining = rest;
-            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(
-                "INSERT INTO operations (service, name, kind, last_seen_unix_nano) ",
-            );
-            upsert.push_values(chunk, |mut b, (service, name, kind, last)| {
-                b.push_bind(service.as_str())
-                    .push_bind(name.as_str())
-                    .push_bind(*kind)
-                    .push_bind(*last);
-            });
-            upsert.push(
-                " ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
-                 max(last_seen_unix_nano, excluded.last_seen_unix_nano)",
-            );
-            upsert.build().persistent(true).execute(&mut *tx).await?;
-        }
+        let mut conn = self.writer.acquire().await?;
+        self.reset_wal_if_due(&mut conn).await;
+        let mut handle = conn.lock_handle().await?;
+        let raw = handle.as_raw_handle();
         let received = now_unix_nano();
-        let mut remaining = traces;
-        for size in statement_sizes(traces.len()) {
-            let (chunk, rest) = remaining.split_at(size);
-            remaining = rest;
-            // Appended at the right edge of the marks' B-tree (its key starts with the time).
-            let mut mark: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO trace_marks (received_unix_nano, trace_id) ");
-            mark.push_values(chunk, |mut b, trace| {
-                b.push_bind(received).push_bind(trace.as_slice());
-            });
-            mark.push(" ON CONFLICT DO NOTHING");
-            mark.build().persistent(true).execute(&mut *tx).await?;
+        run_blocking(|| {
+            // SAFETY: `handle` keeps the connection locked for this function alone until it
+            // is dropped, after `db`; `from_handle` never closes the handle it is given.
+            let db = unsafe { rusqlite::Connection::from_handle(raw.as_ptr()) }?;
+            insert_on(&db, rows, operations, traces, received)
+        })
+        .map_err(|error| StoreError::Unavailable(error.to_string()))
+    }
+}
+
+/// The work of `insert_rows`, on a connection of its own for the duration.
+fn insert_on(
+    db: &rusqlite::Connection,
+    rows: &[SpanRow],
+    operations: &[OperationRow],
+    traces: &[Vec<u8>],
+    received: i64,
+) -> rusqlite::Result<()> {
+    use rusqlite::params;
+    // Rolls back when dropped before `commit`, so the handle goes back to sqlx outside any
+    // transaction whatever fails.
+    let tx = rusqlite::Transaction::new_unchecked(db, rusqlite::TransactionBehavior::Immediate)?;
+    {
+        let placeholders = vec!["?"; SPAN_COLUMNS.split(',').count()].join(", ");
+        let mut insert = tx.prepare(&format!(
+            "INSERT INTO spans ({SPAN_COLUMNS}) VALUES ({placeholders}) \
+             ON CONFLICT (trace_id, span_id) DO NOTHING"
+        ))?;
+        for row in rows {
+            insert.execute(params![
+                row.trace_id,
+                row.span_id,
+                row.parent_span_id,
+                row.service,
+                row.name,
+                row.kind,
+                row.start_unix_nano,
+                row.end_unix_nano,
+                row.status_code,
+                row.status_message,
+                row.budget_ms,
+                row.budget_source,
+                row.attributes,
+                row.resource,
+                row.details,
+            ])?;
         }
-        tx.commit().await?;
-        Ok(())
+        let mut upsert = tx.prepare(
+            "INSERT INTO operations (service, name, kind, last_seen_unix_nano) \
+             VALUES (?, ?, ?, ?) \
+             ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
+             max(last_seen_unix_nano, excluded.last_seen_unix_nano)",
+        )?;
+        for (service, name, kind, last) in operations {
+            upsert.execute(params![service, name, kind, last])?;
+        }
+        // Appended at the right edge of the marks' B-tree (its key starts with the time).
+        let mut mark = tx.prepare(
+            "INSERT INTO trace_marks (received_unix_nano, trace_id) VALUES (?, ?) \
+             ON CONFLICT DO NOTHING",
+        )?;
+        for trace in traces {
+            mark.execute(params![received, trace])?;
+        }
+    }
+    tx.commit()
+}
+
+/// Runs blocking database work on the calling thread: the ingest writer has a thread of
+/// its own (a current-thread runtime); on a multi-threaded runtime (the benchmark's
+/// ceiling, tests) the worker first hands its other tasks away.
+fn run_blocking<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
     }
 }
 
@@ -770,25 +790,4 @@ async fn apply_rollups(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::statement_sizes;
-
-    #[test]
-    fn statement_sizes_cover_every_row_from_a_fixed_set() {
-        for len in [0, 1, 7, 999, 1000, 1001, 2536, 20_000] {
-            let sizes: Vec<usize> = statement_sizes(len).collect();
-            assert_eq!(sizes.iter().sum::<usize>(), len, "{len}");
-            assert!(
-                sizes.iter().all(|s| *s == 1000 || s.is_power_of_two()),
-                "{len}: {sizes:?}"
-            );
-        }
-        assert_eq!(
-            statement_sizes(2536).collect::<Vec<_>>(),
-            [1000, 1000, 512, 16, 8]
-        );
-    }
 }
