@@ -105,8 +105,9 @@ impl SqliteStore {
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            // A ping before each transaction was a round trip to the connection's worker
-            // thread, waiting for a core as often as not (~3 ms each under load).
+            // A ping before each transaction would be one more round trip to the
+            // connection's worker thread; one file connection does not go stale between
+            // two transactions (a failing one still fails the write that uses it).
             .test_before_acquire(false)
             .min_connections(if in_memory { 1 } else { 0 })
             .idle_timeout(if in_memory {
@@ -207,8 +208,8 @@ impl SqliteStore {
     /// SQLite handle (`lock_handle`), one prepared single-row statement per table. Through
     /// sqlx's statement API every statement was a round trip to the connection's worker
     /// thread and every row was copied into an argument buffer first; with two cores busy
-    /// decoding requests, each of those round trips also waited for a core
-    /// (BENCHMARKS.md, "The writer's own thread").
+    /// decoding requests, each of those round trips also waited for a core. 30–68 % more
+    /// spans/s end to end (BENCHMARKS.md, "SQLite", the table at `2b4d03e`).
     pub(crate) async fn insert_rows(
         &self,
         rows: &[SpanRow],
@@ -219,12 +220,11 @@ impl SqliteStore {
         self.reset_wal_if_due(&mut conn).await;
         let mut handle = conn.lock_handle().await?;
         let raw = handle.as_raw_handle();
-        let received = now_unix_nano();
         run_blocking(|| {
             // SAFETY: `handle` keeps the connection locked for this function alone until it
             // is dropped, after `db`; `from_handle` never closes the handle it is given.
             let db = unsafe { rusqlite::Connection::from_handle(raw.as_ptr()) }?;
-            insert_on(&db, rows, operations, traces, received)
+            insert_on(&db, rows, operations, traces)
         })
         .map_err(|error| StoreError::Unavailable(error.to_string()))
     }
@@ -236,7 +236,6 @@ fn insert_on(
     rows: &[SpanRow],
     operations: &[OperationRow],
     traces: &[Vec<u8>],
-    received: i64,
 ) -> rusqlite::Result<()> {
     use rusqlite::params;
     // Rolls back when dropped before `commit`, so the handle goes back to sqlx outside any
@@ -277,6 +276,7 @@ fn insert_on(
             upsert.execute(params![service, name, kind, last])?;
         }
         // Appended at the right edge of the marks' B-tree (its key starts with the time).
+        let received = now_unix_nano();
         let mut mark = tx.prepare(
             "INSERT INTO trace_marks (received_unix_nano, trace_id) VALUES (?, ?) \
              ON CONFLICT DO NOTHING",
