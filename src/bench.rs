@@ -684,14 +684,19 @@ struct ChildServer {
     http_otlp_addr: SocketAddr,
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+/// Three free local ports for the server. The listeners are all held until the three are
+/// chosen: dropped one by one, the OS could hand the same port out twice.
+fn free_ports() -> anyhow::Result<(SocketAddr, SocketAddr, SocketAddr)> {
+    let bind = || TcpListener::bind("127.0.0.1:0");
+    let listeners = [bind()?, bind()?, bind()?];
+    let [a, b, c] = listeners.map(|listener| listener.local_addr());
+    Ok((a?, b?, c?))
 }
 
 impl ChildServer {
     async fn start(db: &str, max_queued_spans: usize) -> anyhow::Result<ChildServer> {
         let exe: PathBuf = std::env::current_exe().context("cannot find the budgetscope binary")?;
-        let (grpc_addr, http_otlp_addr, http_addr) = (free_port()?, free_port()?, free_port()?);
+        let (grpc_addr, http_otlp_addr, http_addr) = free_ports()?;
         let mut child = tokio::process::Command::new(exe)
             .arg("serve")
             .args([
