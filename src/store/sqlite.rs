@@ -9,6 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
@@ -40,7 +41,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
 /// WAL frames (pages, 4 KiB by default) past which the writer is asked to start the WAL
-/// over (see `begin_write`).
+/// over (see `SqliteStore::write_connection`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
 /// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` without its
@@ -153,11 +154,17 @@ impl SqliteStore {
         })
     }
 
-    /// Begins a write transaction, after `reset_wal_if_due`.
+    /// Begins a write transaction on `write_connection`.
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
+        Ok(sqlx::Transaction::begin(self.write_connection().await?, None).await?)
+    }
+
+    /// The writer connection, for one transaction. Every write takes it here, so every
+    /// write first gives the WAL its reset when one is due (`reset_wal_if_due`).
+    async fn write_connection(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
         let mut conn = self.writer.acquire().await?;
         self.reset_wal_if_due(&mut conn).await;
-        Ok(sqlx::Transaction::begin(conn, None).await?)
+        Ok(conn)
     }
 
     /// When the checkpointer asked for a WAL reset, runs a passive checkpoint on the
@@ -165,8 +172,9 @@ impl SqliteStore {
     /// meanwhile, so it copies the WAL's last frames, and the transaction that follows
     /// starts the WAL over from its first byte. Done by the checkpointer's connection
     /// instead, the reset held the writer off for 90–190 ms (lock waits with SQLite's
-    /// sleeping busy handler on both sides, then a truncate); here it costs 27–50 ms,
-    /// mostly the checkpoint's two fsyncs (BENCHMARKS.md).
+    /// sleeping busy handler on both sides, then a truncate); here it cost 27–50 ms, and
+    /// 44–250 ms since the faster insert of `2b4d03e` fills the WAL faster than the
+    /// checkpointer's passes copy it (BENCHMARKS.md).
     async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
         if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
             return;
@@ -216,8 +224,7 @@ impl SqliteStore {
         operations: &[OperationRow],
         traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
-        let mut conn = self.writer.acquire().await?;
-        self.reset_wal_if_due(&mut conn).await;
+        let mut conn = self.write_connection().await?;
         let mut handle = conn.lock_handle().await?;
         let raw = handle.as_raw_handle();
         run_blocking(|| {
@@ -337,7 +344,7 @@ async fn start_checkpointer(
             match passive_checkpoint(&mut conn).await {
                 // Under steady writes a passive checkpoint never catches up with the last
                 // frame, so SQLite never starts the WAL over and it would grow without
-                // bound. The writer resets it between two transactions (`begin_write`).
+                // bound. The writer resets it between two transactions (`write_connection`).
                 Ok((_, wal_frames, _)) if wal_frames > WAL_RESET_FRAMES => {
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
