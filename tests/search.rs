@@ -60,8 +60,10 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
 "#,
         );
         let no_budget = trace(3, r#"batch server "nightly" 0 50 http-status=500"#);
-        // Started about 10 s, 7.5 s and 1.3 s ago.
-        post_otlp(&server, &otlp_request(&no_budget, 10_000)).await;
+        // Started about 120 s, 7.5 s and 1.3 s ago: a minute from the `since`/`until`
+        // boundary below either way, however slowly the machine runs the test (at 10 s and
+        // an 8 s boundary it failed when the search came 0.5 s late).
+        post_otlp(&server, &otlp_request(&no_budget, 120_000)).await;
         post_otlp(&server, &otlp_request(&inflated, 6_000)).await;
         post_otlp(&server, &otlp_request(&ok, 1000)).await;
 
@@ -101,8 +103,8 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
                 "attr=http.response.status_code>=500&attr=http.request.method=POST",
                 vec![hex(2)],
             ),
-            ("since=-8s", vec![hex(1), hex(2)]),
-            ("until=-8s", vec![hex(3)]),
+            ("since=-60s", vec![hex(1), hex(2)]),
+            ("until=-60s", vec![hex(3)]),
         ] {
             let (status, body) = get_json(&server, &format!("/api/traces?{query}")).await;
             assert_eq!(status, 200, "{query}: {body}");
