@@ -291,6 +291,28 @@ fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
         .collect()
 }
 
+/// The writer keeps its connection out of the pool between writes; an in-memory database's
+/// readers read through that same connection, so there it must go back after each write
+/// (a reader would otherwise wait for it forever).
+#[tokio::test]
+async fn sqlite_in_memory_store_reads_between_writes() {
+    async fn within<T>(what: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(10), what)
+            .await
+            .expect("a read waited for the writer's connection")
+    }
+    let store = store::open("sqlite::memory:").await.unwrap();
+    for trace in 1..=3u8 {
+        store
+            .write_spans(&[span(trace, 1, None, "svc", "op", 1_000)])
+            .await
+            .unwrap();
+        let spans = within(store.trace(TraceId([trace; 16]))).await.unwrap();
+        assert_eq!(spans.len(), 1);
+    }
+    assert_eq!(within(store.span_count()).await.unwrap(), 3);
+}
+
 /// The SQLite writer runs its statements on the connection's raw handle, outside sqlx's
 /// transaction bookkeeping: a write that fails part-way must still roll back whole and
 /// leave the connection outside any transaction, or every later write would fail ("cannot
@@ -354,6 +376,48 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
         after < 80 << 20,
         "WAL is {} MiB after writes stopped (peak {} MiB)",
         after >> 20,
+        peak >> 20
+    );
+}
+
+/// The writer lets the WAL file keep its size when the WAL starts over (cutting it back
+/// cost the writer synchronous discards); once writes pause, the checkpointer must cut it
+/// back, so a burst does not leave hundreds of MB on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_wal_file_is_cut_back_once_writes_pause() {
+    let (_db, store, wal) = sqlite_store_and_wal().await;
+    let padding = "x".repeat(2_000);
+    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let sequence = || store::sqlite::wal_sequence(std::path::Path::new(&wal));
+    // Writes without a pause until the WAL has started over (past 64 MiB), then one more
+    // batch, so that the WAL in use is small and only the file is large.
+    let mut first = None;
+    for batch in 0..=200u32 {
+        assert!(batch < 200, "400 MB written and the WAL never started over");
+        store
+            .write_spans(&bulk_spans(batch, 1 << 102, &padding))
+            .await
+            .unwrap();
+        let now = sequence().expect("the WAL has a header after a commit");
+        if *first.get_or_insert(now) != now {
+            break;
+        }
+    }
+    assert!(
+        size() > 64 << 20,
+        "the writer cut the WAL back to {} MiB when it started over",
+        size() >> 20
+    );
+    let peak = size();
+    for _ in 0..100 {
+        if size() < 1 << 20 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!(
+        "the WAL is still {} MiB (peak {} MiB) 10 s after writes stopped",
+        size() >> 20,
         peak >> 20
     );
 }

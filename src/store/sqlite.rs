@@ -13,7 +13,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Sqlite};
+use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
 use super::query::{
     AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
@@ -44,6 +44,9 @@ const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 /// over (see `SqliteStore::write_connection`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
+/// The WAL file size past which the checkpointer cuts it back once writes pause.
+const WAL_KEPT_BYTES: u64 = 64 << 20;
+
 /// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` without its
 /// having started over since the pass before, after which the checkpointer forces the reset
 /// itself: the writer's resets keep failing (a reader holds an old snapshot).
@@ -65,6 +68,12 @@ pub fn wal_sequence(wal: &std::path::Path) -> Option<u32> {
 
 pub struct SqliteStore {
     writer: SqlitePool,
+    /// The writer pool's one connection, taken out once and kept here between writes (see
+    /// `write_connection`). `None` until the first write, after a write failed, and
+    /// always between writes to an in-memory database, whose readers share it.
+    held_writer: tokio::sync::Mutex<Option<PoolConnection<Sqlite>>>,
+    /// Whether the database lives in memory (`held_writer`).
+    in_memory: bool,
     reader: SqlitePool,
     /// Set by the checkpointer when the WAL has grown past `WAL_RESET_FRAMES`; the next
     /// write transaction first lets the WAL start over.
@@ -88,9 +97,7 @@ impl SqliteStore {
             .pragma("temp_store", "memory")
             // Pages are read through a memory map instead of copied in by read(2): misses of
             // the small page cache above cost a page-table walk, not a syscall and a copy.
-            .pragma("mmap_size", "1073741824")
-            // A WAL that was reset is cut back to this size rather than kept at its peak.
-            .pragma("journal_size_limit", "67108864");
+            .pragma("mmap_size", "1073741824");
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         // Checkpoints run on their own connection (below), not in the writer's commits.
         let writer_options = if in_memory {
@@ -99,6 +106,11 @@ impl SqliteStore {
             options
                 .clone()
                 .pragma("wal_autocheckpoint", "0")
+                // The WAL file keeps its size when it starts over (SQLite's default, made
+                // explicit): cutting it back to 64 MiB each time made the writer wait on the
+                // file system, 3 % of its time under load (synchronous discards on ext4
+                // mounted with `discard`). The checkpointer cuts it back once writes pause.
+                .pragma("journal_size_limit", "-1")
                 // The writer's B-tree descents touch pages all over the file: through a map
                 // they would all count as the server's resident memory. It reads through
                 // its own bounded page cache instead.
@@ -148,21 +160,30 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             writer,
+            held_writer: tokio::sync::Mutex::new(None),
+            in_memory,
             reader,
             wal_reset_due,
             _checkpointer: checkpointer,
         })
     }
 
-    /// Begins a write transaction on `write_connection`.
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, StoreError> {
-        Ok(sqlx::Transaction::begin(self.write_connection().await?, None).await?)
-    }
-
     /// The writer connection, for one transaction. Every write takes it here, so every
     /// write first gives the WAL its reset when one is due (`reset_wal_if_due`).
-    async fn write_connection(&self) -> Result<PoolConnection<Sqlite>, StoreError> {
-        let mut conn = self.writer.acquire().await?;
+    ///
+    /// The connection stays out of the pool between writes: given back after each one, sqlx
+    /// pinged it on its worker thread and the next write waited for that hand-back, 0.7 ms a
+    /// transaction at 512-span requests, 3 % of the ingest writer's time (BENCHMARKS.md).
+    async fn write_connection(&self) -> Result<WriteConnection<'_>, StoreError> {
+        let mut held = self.held_writer.lock().await;
+        if held.is_none() {
+            *held = Some(self.writer.acquire().await?);
+        }
+        let mut conn = WriteConnection {
+            held,
+            keep: false,
+            in_memory: self.in_memory,
+        };
         self.reset_wal_if_due(&mut conn).await;
         Ok(conn)
     }
@@ -225,15 +246,65 @@ impl SqliteStore {
         traces: &[Vec<u8>],
     ) -> Result<(), StoreError> {
         let mut conn = self.write_connection().await?;
-        let mut handle = conn.lock_handle().await?;
-        let raw = handle.as_raw_handle();
-        run_blocking(|| {
-            // SAFETY: `handle` keeps the connection locked for this function alone until it
-            // is dropped, after `db`; `from_handle` never closes the handle it is given.
-            let db = unsafe { rusqlite::Connection::from_handle(raw.as_ptr()) }?;
-            insert_on(&db, rows, operations, traces)
-        })
-        .map_err(|error| StoreError::Unavailable(error.to_string()))
+        let result = {
+            let mut handle = conn.lock_handle().await?;
+            let raw = handle.as_raw_handle();
+            run_blocking(|| {
+                // SAFETY: `handle` keeps the connection locked for this function alone until
+                // it is dropped, after `db`; `from_handle` never closes the handle it is given.
+                let db = unsafe { rusqlite::Connection::from_handle(raw.as_ptr()) }?;
+                insert_on(&db, rows, operations, traces)
+            })
+        };
+        if result.is_ok() {
+            conn.keep();
+        }
+        result.map_err(|error| StoreError::Unavailable(error.to_string()))
+    }
+}
+
+/// The writer connection for one write (`SqliteStore::write_connection`), locked against
+/// every other write until dropped.
+struct WriteConnection<'a> {
+    held: tokio::sync::MutexGuard<'a, Option<PoolConnection<Sqlite>>>,
+    /// Set by `keep` when the write succeeded. A failed write gives the connection back to
+    /// the pool, which tests it and replaces it if it has gone bad (a rollback sqlx queued
+    /// for a dropped transaction runs there too).
+    keep: bool,
+    in_memory: bool,
+}
+
+impl WriteConnection<'_> {
+    /// The write succeeded: the connection stays out of the pool for the next one.
+    fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl std::ops::Deref for WriteConnection<'_> {
+    type Target = sqlx::SqliteConnection;
+
+    fn deref(&self) -> &Self::Target {
+        self.held
+            .as_ref()
+            .expect("a WriteConnection always holds the connection")
+    }
+}
+
+impl std::ops::DerefMut for WriteConnection<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.held
+            .as_mut()
+            .expect("a WriteConnection always holds the connection")
+    }
+}
+
+impl Drop for WriteConnection<'_> {
+    fn drop(&mut self) {
+        // An in-memory database's readers read through this same connection.
+        if !self.keep || self.in_memory {
+            self.held.take();
+        }
     }
 }
 
@@ -336,6 +407,8 @@ async fn start_checkpointer(
     tokio::spawn(async move {
         // The WAL's sequence number at the last pass, and passes since it last changed.
         let (mut last_sequence, mut stuck_passes) = (None, 0);
+        // Frames in the WAL at the last pass.
+        let mut last_frames = -1;
         loop {
             tokio::select! {
                 _ = stopped.cancelled() => break,
@@ -384,7 +457,25 @@ async fn start_checkpointer(
                         tracing::warn!(%error, wal_frames, "sqlite could not reset its WAL; will try again");
                     }
                 }
-                Ok(_) => stuck_passes = 0,
+                Ok((_, wal_frames, copied)) => {
+                    stuck_passes = 0;
+                    // The writer keeps the WAL file at its size when it starts over
+                    // (`journal_size_limit` on its connection). Once writes pause (nothing
+                    // committed since the last pass, every frame copied), the file is cut
+                    // back, which then holds nobody off.
+                    let idle = wal_frames == copied && wal_frames == last_frames;
+                    let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+                    if idle && size > WAL_KEPT_BYTES {
+                        tracing::debug!(size, "checkpointer truncates the idle WAL");
+                        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+                            .execute(&mut conn)
+                            .await
+                        {
+                            tracing::warn!(%error, "sqlite could not cut back its WAL; will try again");
+                        }
+                    }
+                    last_frames = wal_frames;
+                }
                 Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
@@ -463,7 +554,8 @@ impl Store for SqliteStore {
 
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
         let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
-        let mut tx = self.begin_write().await?;
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
         let deleted = sqlx::query(
             "DELETE FROM spans WHERE rowid IN \
              (SELECT rowid FROM spans WHERE start_unix_nano < ? LIMIT ?)",
@@ -498,6 +590,7 @@ impl Store for SqliteStore {
             .await?;
         }
         tx.commit().await?;
+        conn.keep();
         Ok(deleted)
     }
 
@@ -562,7 +655,8 @@ impl Store for SqliteStore {
             .iter()
             .map(|(summary, _)| encode_summary(summary))
             .collect();
-        let mut tx = self.begin_write().await?;
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
         for chunk in rows.chunks(500) {
             let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
                 "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
@@ -692,6 +786,7 @@ impl Store for SqliteStore {
             clear.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
+        conn.keep();
         Ok(())
     }
 
