@@ -291,6 +291,46 @@ fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
         .collect()
 }
 
+/// SQLite finds old spans through an index on a ~1.07 s bucket of their start (2^30 ns):
+/// the cutoff must still be exact, inside the cutoff's own bucket and across buckets.
+#[tokio::test]
+async fn retention_cutoff_is_exact_across_start_buckets() {
+    const SECOND: u64 = 1_000_000_000;
+    let base = 1_780_000_000 * SECOND;
+    on_every_store(|store, backend| async move {
+        let cutoff = base + 10 * SECOND + SECOND / 2;
+        let starts = [
+            (1, base), // buckets before the cutoff's
+            (2, base + 5 * SECOND),
+            (3, cutoff - 1), // the cutoff's bucket, just before it
+            (4, cutoff),     // kept: not before the cutoff
+            (5, cutoff + 1),
+            (6, base + 20 * SECOND), // a later bucket
+        ];
+        for (trace, start) in starts {
+            store
+                .write_spans(&[span(trace, 1, None, "svc", "op", start)])
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            store.delete_before(cutoff, 100).await.unwrap(),
+            3,
+            "{backend}"
+        );
+        assert_eq!(
+            store.delete_before(cutoff, 100).await.unwrap(),
+            0,
+            "{backend}"
+        );
+        for (trace, _) in starts {
+            let kept = !store.trace(TraceId([trace; 16])).await.unwrap().is_empty();
+            assert_eq!(kept, trace >= 4, "{backend}: trace {trace}");
+        }
+    })
+    .await;
+}
+
 /// The writer keeps its connection out of the pool between writes; an in-memory database's
 /// readers read through that same connection, so there it must go back after each write
 /// (a reader would otherwise wait for it forever).

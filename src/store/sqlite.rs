@@ -221,7 +221,8 @@ impl SqliteStore {
     pub(crate) async fn raw_hop_scan(&self, since: u64, until: u64) -> Result<usize, StoreError> {
         let rows: Vec<(String, String, i64, Option<f64>)> = sqlx::query_as(
             "SELECT service, name, count(*), avg(budget_ms) FROM spans \
-             WHERE kind IN (2, 5) AND start_unix_nano >= ? AND start_unix_nano < ? \
+             WHERE kind IN (2, 5) AND (start_unix_nano >> 30) BETWEEN (?1 >> 30) AND (?2 >> 30) \
+             AND start_unix_nano >= ?1 AND start_unix_nano < ?2 \
              GROUP BY service, name",
         )
         .bind(i64::try_from(since).unwrap_or(i64::MAX))
@@ -557,8 +558,11 @@ impl Store for SqliteStore {
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await?;
         let deleted = sqlx::query(
+            // `spans_by_start_bucket` finds every span of the buckets up to the cutoff's;
+            // the exact test leaves the later spans of the cutoff's own bucket (~1 s).
             "DELETE FROM spans WHERE rowid IN \
-             (SELECT rowid FROM spans WHERE start_unix_nano < ? LIMIT ?)",
+             (SELECT rowid FROM spans WHERE (start_unix_nano >> 30) <= (?1 >> 30) \
+              AND start_unix_nano < ?1 LIMIT ?2)",
         )
         .bind(cutoff)
         .bind(i64::from(limit))
