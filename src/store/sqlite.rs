@@ -68,12 +68,10 @@ pub fn wal_sequence(wal: &std::path::Path) -> Option<u32> {
 
 pub struct SqliteStore {
     writer: SqlitePool,
-    /// The writer pool's one connection, taken out once and kept here between writes (see
-    /// `write_connection`). `None` until the first write, after a write failed, and
-    /// always between writes to an in-memory database, whose readers share it.
-    held_writer: tokio::sync::Mutex<Option<PoolConnection<Sqlite>>>,
-    /// Whether the database lives in memory (`held_writer`).
-    in_memory: bool,
+    /// The write connections, one write at a time (`write_connection`, `insert_rows`).
+    writes: tokio::sync::Mutex<WriteSide>,
+    /// The database file, which the ingest writer opens itself; `None` in memory.
+    file: Option<std::path::PathBuf>,
     reader: SqlitePool,
     /// Set by the checkpointer when the WAL has grown past `WAL_RESET_FRAMES`; the next
     /// write transaction first lets the WAL start over.
@@ -103,18 +101,14 @@ impl SqliteStore {
         let writer_options = if in_memory {
             options.clone()
         } else {
-            options
-                .clone()
-                .pragma("wal_autocheckpoint", "0")
-                // The WAL file keeps its size when it starts over (SQLite's default, made
-                // explicit): cutting it back to 64 MiB each time made the writer wait on the
-                // file system, 3 % of its time under load (synchronous discards on ext4
-                // mounted with `discard`). The checkpointer cuts it back once writes pause.
-                .pragma("journal_size_limit", "-1")
-                // The writer's B-tree descents touch pages all over the file: through a map
-                // they would all count as the server's resident memory. It reads through
-                // its own bounded page cache instead.
-                .pragma("mmap_size", "0")
+            WRITER_PRAGMAS
+                .iter()
+                .fold(options.clone(), |options, (name, value)| {
+                    options.pragma(*name, *value)
+                })
+                // Only retention and the analyzer's summaries write through sqlx on a file
+                // database (the ingest writer has a connection of its own, `WriteSide`).
+                .pragma("cache_size", "-2048")
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
@@ -152,6 +146,7 @@ impl SqliteStore {
                 .connect_with(options)
                 .await?
         };
+        let file = (!in_memory).then(|| options.get_filename().to_owned());
         let wal_reset_due = Arc::new(AtomicBool::new(false));
         let checkpointer = if in_memory {
             None
@@ -160,29 +155,32 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             writer,
-            held_writer: tokio::sync::Mutex::new(None),
-            in_memory,
+            writes: tokio::sync::Mutex::new(WriteSide {
+                sqlx: None,
+                ingest: None,
+            }),
+            file,
             reader,
             wal_reset_due,
             _checkpointer: checkpointer,
         })
     }
 
-    /// The writer connection, for one transaction. Every write takes it here, so every
-    /// write first gives the WAL its reset when one is due (`reset_wal_if_due`).
+    /// The sqlx write connection, for one transaction of retention or the analyzer (and of
+    /// every write to an in-memory database). Every write first gives the WAL its reset
+    /// when one is due (`wal_reset_due`).
     ///
     /// The connection stays out of the pool between writes: given back after each one, sqlx
-    /// pinged it on its worker thread and the next write waited for that hand-back, 0.7 ms a
-    /// transaction at 512-span requests, 3 % of the ingest writer's time (BENCHMARKS.md).
+    /// pinged it on its worker thread and the next write waited for that hand-back.
     async fn write_connection(&self) -> Result<WriteConnection<'_>, StoreError> {
-        let mut held = self.held_writer.lock().await;
-        if held.is_none() {
-            *held = Some(self.writer.acquire().await?);
+        let mut side = self.writes.lock().await;
+        if side.sqlx.is_none() {
+            side.sqlx = Some(self.writer.acquire().await?);
         }
         let mut conn = WriteConnection {
-            held,
+            side,
             keep: false,
-            in_memory: self.in_memory,
+            in_memory: self.file.is_none(),
         };
         self.reset_wal_if_due(&mut conn).await;
         Ok(conn)
@@ -201,19 +199,19 @@ impl SqliteStore {
             return;
         }
         let started = std::time::Instant::now();
-        match passive_checkpoint(&mut *conn).await {
-            Ok((busy, wal_frames, copied)) => tracing::debug!(
-                busy,
-                wal_frames,
-                copied,
-                ms = started.elapsed().as_secs_f64() * 1e3,
-                "writer checkpointed before starting the WAL over"
-            ),
-            Err(error) => tracing::warn!(
-                %error,
-                "sqlite could not checkpoint before starting its WAL over; will try again"
-            ),
+        log_writer_checkpoint(passive_checkpoint(&mut *conn).await, started);
+    }
+
+    /// `reset_wal_if_due` on the ingest writer's own connection.
+    fn reset_wal_if_due_on(&self, db: &rusqlite::Connection) {
+        if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
+            return;
         }
+        let started = std::time::Instant::now();
+        let result = db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        });
+        log_writer_checkpoint(result, started);
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -234,13 +232,41 @@ impl SqliteStore {
 
     /// Inserts already-encoded rows in one transaction (also the benchmark's raw ceiling).
     ///
-    /// The statements run on the calling thread, straight on the writer connection's
-    /// SQLite handle (`lock_handle`), one prepared single-row statement per table. Through
-    /// sqlx's statement API every statement was a round trip to the connection's worker
-    /// thread and every row was copied into an argument buffer first; with two cores busy
-    /// decoding requests, each of those round trips also waited for a core. 30–68 % more
-    /// spans/s end to end (BENCHMARKS.md, "SQLite", the table at `2b4d03e`).
+    /// The statements run on the calling thread (the ingest writer's own), one prepared
+    /// single-row statement per table, on a connection the store opened with rusqlite and
+    /// keeps for these inserts (`WriteSide::ingest`). Through sqlx's statement API every
+    /// statement was a round trip to the connection's worker thread and every row was
+    /// copied into an argument buffer first (30–68 % more spans/s end to end without,
+    /// BENCHMARKS.md, the table at `2b4d03e`); through sqlx's locked raw handle, each
+    /// transaction still began with a round trip to that thread, 0.45 ms under load.
     pub(crate) async fn insert_rows(
+        &self,
+        rows: &[SpanRow],
+        operations: &[OperationRow],
+        traces: &[Vec<u8>],
+    ) -> Result<(), StoreError> {
+        let Some(file) = &self.file else {
+            return self.insert_rows_in_memory(rows, operations, traces).await;
+        };
+        let mut side = self.writes.lock().await;
+        let result = run_blocking(|| {
+            if side.ingest.is_none() {
+                side.ingest = Some(open_ingest_connection(file)?);
+            }
+            let db = side.ingest.as_ref().expect("opened above");
+            self.reset_wal_if_due_on(db);
+            insert_on(db, rows, operations, traces)
+        });
+        if result.is_err() {
+            // Opened afresh for the next write, whatever state this one is in.
+            side.ingest = None;
+        }
+        result.map_err(|error| StoreError::Unavailable(error.to_string()))
+    }
+
+    /// `insert_rows` for an in-memory database, which exists only in the sqlx connection:
+    /// the same statements on that connection's raw handle.
+    async fn insert_rows_in_memory(
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
@@ -264,10 +290,59 @@ impl SqliteStore {
     }
 }
 
+/// Settings of the connections that write to a database file, beside those every
+/// connection has (`SqliteStore::connect`).
+const WRITER_PRAGMAS: &[(&str, &str)] = &[
+    // Checkpoints run on their own connection (`start_checkpointer`), not in commits.
+    ("wal_autocheckpoint", "0"),
+    // The WAL file keeps its size when it starts over (SQLite's default, made explicit):
+    // cutting it back to 64 MiB each time made the writer wait on the file system, 3 % of
+    // its time under load (synchronous discards on ext4 mounted with `discard`). The
+    // checkpointer cuts it back once writes pause.
+    ("journal_size_limit", "-1"),
+    // The writer's B-tree descents touch pages all over the file: through a map they would
+    // all count as the server's resident memory. It reads through its own bounded page
+    // cache instead.
+    ("mmap_size", "0"),
+];
+
+/// Opens the ingest writer's connection to `file` (already created and migrated by sqlx),
+/// with the settings sqlx gives the other connections.
+fn open_ingest_connection(file: &std::path::Path) -> rusqlite::Result<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    let db = rusqlite::Connection::open_with_flags(
+        file,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    db.busy_timeout(Duration::from_secs(10))?;
+    // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at every
+    // commit, so 64 MiB cost more per commit than it saved in reads.
+    let mut settings = String::from(
+        "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8192; PRAGMA temp_store = memory;",
+    );
+    for (name, value) in WRITER_PRAGMAS {
+        settings.push_str(&format!(" PRAGMA {name} = {value};"));
+    }
+    db.execute_batch(&settings)?;
+    Ok(db)
+}
+
+/// The connections that write, behind one lock: SQLite takes one writer at a time, and a
+/// second connection waiting in its busy handler would sleep in steps of up to 100 ms.
+struct WriteSide {
+    /// The writer pool's one connection, taken out at the first write and kept between
+    /// writes (`SqliteStore::write_connection`). `None` until then, after a write failed,
+    /// and always between writes to an in-memory database, whose readers share it.
+    sqlx: Option<PoolConnection<Sqlite>>,
+    /// The ingest writer's own connection to the file (`SqliteStore::insert_rows`), opened
+    /// at its first insert and again after an insert failed.
+    ingest: Option<rusqlite::Connection>,
+}
+
 /// The writer connection for one write (`SqliteStore::write_connection`), locked against
 /// every other write until dropped.
 struct WriteConnection<'a> {
-    held: tokio::sync::MutexGuard<'a, Option<PoolConnection<Sqlite>>>,
+    side: tokio::sync::MutexGuard<'a, WriteSide>,
     /// Set by `keep` when the write succeeded. A failed write gives the connection back to
     /// the pool, which tests it and replaces it if it has gone bad (a rollback sqlx queued
     /// for a dropped transaction runs there too).
@@ -286,7 +361,8 @@ impl std::ops::Deref for WriteConnection<'_> {
     type Target = sqlx::SqliteConnection;
 
     fn deref(&self) -> &Self::Target {
-        self.held
+        self.side
+            .sqlx
             .as_ref()
             .expect("a WriteConnection always holds the connection")
     }
@@ -294,7 +370,8 @@ impl std::ops::Deref for WriteConnection<'_> {
 
 impl std::ops::DerefMut for WriteConnection<'_> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        self.held
+        self.side
+            .sqlx
             .as_mut()
             .expect("a WriteConnection always holds the connection")
     }
@@ -304,7 +381,7 @@ impl Drop for WriteConnection<'_> {
     fn drop(&mut self) {
         // An in-memory database's readers read through this same connection.
         if !self.keep || self.in_memory {
-            self.held.take();
+            self.side.sqlx.take();
         }
     }
 }
@@ -322,7 +399,7 @@ fn insert_on(
     let tx = rusqlite::Transaction::new_unchecked(db, rusqlite::TransactionBehavior::Immediate)?;
     {
         let placeholders = vec!["?"; SPAN_COLUMNS.split(',').count()].join(", ");
-        let mut insert = tx.prepare(&format!(
+        let mut insert = tx.prepare_cached(&format!(
             "INSERT INTO spans ({SPAN_COLUMNS}) VALUES ({placeholders}) \
              ON CONFLICT (trace_id, span_id) DO NOTHING"
         ))?;
@@ -345,7 +422,7 @@ fn insert_on(
                 row.details,
             ])?;
         }
-        let mut upsert = tx.prepare(
+        let mut upsert = tx.prepare_cached(
             "INSERT INTO operations (service, name, kind, last_seen_unix_nano) \
              VALUES (?, ?, ?, ?) \
              ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
@@ -356,7 +433,7 @@ fn insert_on(
         }
         // Appended at the right edge of the marks' B-tree (its key starts with the time).
         let received = now_unix_nano();
-        let mut mark = tx.prepare(
+        let mut mark = tx.prepare_cached(
             "INSERT INTO trace_marks (received_unix_nano, trace_id) VALUES (?, ?) \
              ON CONFLICT DO NOTHING",
         )?;
@@ -375,6 +452,26 @@ fn run_blocking<T>(work: impl FnOnce() -> T) -> T {
     match Handle::try_current().map(|handle| handle.runtime_flavor()) {
         Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
         _ => work(),
+    }
+}
+
+/// Logs the writer's checkpoint before a WAL reset: (busy, frames in the WAL, frames copied).
+fn log_writer_checkpoint(
+    result: Result<(i64, i64, i64), impl std::fmt::Display>,
+    started: std::time::Instant,
+) {
+    match result {
+        Ok((busy, wal_frames, copied)) => tracing::debug!(
+            busy,
+            wal_frames,
+            copied,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "writer checkpointed before starting the WAL over"
+        ),
+        Err(error) => tracing::warn!(
+            %error,
+            "sqlite could not checkpoint before starting its WAL over; will try again"
+        ),
     }
 }
 
