@@ -495,8 +495,9 @@ async fn start_checkpointer(
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
     let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    let database = options.get_filename().to_owned();
     let wal = {
-        let mut path = options.get_filename().as_os_str().to_owned();
+        let mut path = database.as_os_str().to_owned();
         path.push("-wal");
         std::path::PathBuf::from(path)
     };
@@ -524,6 +525,19 @@ async fn start_checkpointer(
                             Ok((_, frames, copied)) if frames - copied > 256 => continue,
                             _ => break,
                         }
+                    }
+                    // The writer's checkpoint ends with an fsync of the database file (the
+                    // WAL must not start over before what it held is on disk), which flushed
+                    // every page the passes since the last reset had copied: 33–47 ms of
+                    // the writer's time per reset (strace). Flushed here, off its path, that
+                    // fsync is left only the pages the writer copies itself.
+                    let file = database.clone();
+                    let synced = tokio::task::spawn_blocking(move || {
+                        std::fs::File::open(file).and_then(|file| file.sync_data())
+                    })
+                    .await;
+                    if let Ok(Err(error)) = synced {
+                        tracing::warn!(%error, "could not flush the database file before a WAL reset");
                     }
                     // Still set from the pass before: the writer has not begun a transaction
                     // since, so a TRUNCATE here holds nobody off.
