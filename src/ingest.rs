@@ -31,8 +31,8 @@ pub struct IngestOptions {
     pub writers: usize,
     /// Run each writer on its own OS thread (a single-threaded runtime), so that a request
     /// runtime busy receiving and decoding never delays the next transaction. Right for
-    /// SQLite, whose statements run on sqlx's own threads; not for Postgres, whose pooled
-    /// sockets are registered with the runtime that opened them.
+    /// SQLite, whose inserts then run on that thread (blocking it, as SQLite does); not for
+    /// Postgres, whose pooled sockets are registered with the runtime that opened them.
     pub own_threads: bool,
 }
 

@@ -2,8 +2,9 @@
 //!
 //! WAL journal with `synchronous = NORMAL`: a committed transaction survives a crash of
 //! the process; the last transactions before a power loss or OS crash may be lost
-//! (ARCHITECTURE.md, "Durability"). All writes go through one connection (SQLite allows
-//! one writer at a time); reads use their own pool and never wait for writes.
+//! (ARCHITECTURE.md, "Durability"). Writes go one at a time (SQLite allows one writer)
+//! through two connections behind one lock (`WriteSide`): ingest's own and sqlx's for
+//! everything else. Reads use their own pool and never wait for writes.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -41,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
 /// WAL frames (pages, 4 KiB by default) past which the writer is asked to start the WAL
-/// over (see `SqliteStore::write_connection`).
+/// over (`SqliteStore::reset_wal_if_due`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
 /// The WAL file size past which the checkpointer cuts it back once writes pause.
@@ -187,13 +188,14 @@ impl SqliteStore {
     }
 
     /// When the checkpointer asked for a WAL reset, runs a passive checkpoint on the
-    /// writer's own connection, between two of its transactions: nothing else commits
-    /// meanwhile, so it copies the WAL's last frames, and the transaction that follows
-    /// starts the WAL over from its first byte. Done by the checkpointer's connection
-    /// instead, the reset held the writer off for 90–190 ms (lock waits with SQLite's
-    /// sleeping busy handler on both sides, then a truncate); here it cost 27–50 ms, and
-    /// 44–250 ms since the faster insert of `2b4d03e` fills the WAL faster than the
-    /// checkpointer's passes copy it (BENCHMARKS.md).
+    /// connection about to write (this one, or ingest's in `reset_wal_if_due_on`), between
+    /// two transactions: nothing else commits meanwhile (`WriteSide`), so it copies the
+    /// WAL's last frames, and the transaction that follows starts the WAL over from its
+    /// first byte. Done by the checkpointer's connection instead, the reset held the writer
+    /// off for 90–190 ms (lock waits with SQLite's sleeping busy handler on both sides, then
+    /// a truncate); here it cost 27–50 ms, 44–250 ms once the faster insert of `2b4d03e`
+    /// filled the WAL faster, and ~35 ms since the checkpointer flushes the database file
+    /// first (`6045819`, BENCHMARKS.md).
     async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
         if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
             return;
@@ -516,7 +518,7 @@ async fn start_checkpointer(
             match passive_checkpoint(&mut conn).await {
                 // Under steady writes a passive checkpoint never catches up with the last
                 // frame, so SQLite never starts the WAL over and it would grow without
-                // bound. The writer resets it between two transactions (`write_connection`).
+                // bound. The writer resets it between two transactions (`reset_wal_if_due`).
                 Ok((_, wal_frames, _)) if wal_frames > WAL_RESET_FRAMES => {
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
