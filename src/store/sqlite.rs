@@ -400,11 +400,15 @@ fn insert_on(
     // transaction whatever fails.
     let tx = rusqlite::Transaction::new_unchecked(db, rusqlite::TransactionBehavior::Immediate)?;
     {
-        let placeholders = vec!["?"; SPAN_COLUMNS.split(',').count()].join(", ");
-        let mut insert = tx.prepare_cached(&format!(
-            "INSERT INTO spans ({SPAN_COLUMNS}) VALUES ({placeholders}) \
-             ON CONFLICT (trace_id, span_id) DO NOTHING"
-        ))?;
+        // The statement's text, built once: the statement cache is keyed by it.
+        static INSERT_SPAN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            let placeholders = vec!["?"; SPAN_COLUMNS.split(',').count()].join(", ");
+            format!(
+                "INSERT INTO spans ({SPAN_COLUMNS}) VALUES ({placeholders}) \
+                 ON CONFLICT (trace_id, span_id) DO NOTHING"
+            )
+        });
+        let mut insert = tx.prepare_cached(&INSERT_SPAN)?;
         for row in rows {
             insert.execute(params![
                 row.trace_id,
