@@ -462,6 +462,51 @@ async fn sqlite_wal_file_is_cut_back_once_writes_pause() {
     );
 }
 
+/// A reader that keeps one snapshot stops the WAL from starting over; after a few passes
+/// the checkpointer forces a TRUNCATE, which takes the write lock and then waits for the
+/// readers. With the 10 s busy timeout every other connection has, writes stalled behind
+/// it for up to 10 s (and then failed); the checkpointer now gives up after a short wait
+/// and tries again at its next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
+    use sqlx::Connection as _;
+    let (db, store, wal) = sqlite_store_and_wal().await;
+    let padding = "x".repeat(2_000);
+    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let mut batch = 0u32;
+    while size() <= 32 << 20 {
+        store
+            .write_spans(&bulk_spans(batch, 1 << 103, &padding))
+            .await
+            .unwrap();
+        batch += 1;
+    }
+    let mut reader = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
+        .fetch_one(&mut reader)
+        .await
+        .unwrap();
+    // Long enough for the WAL to pass the reset threshold and for the checkpointer's
+    // forced TRUNCATE (4 passes of 500 ms without a reset).
+    let started = std::time::Instant::now();
+    let mut slowest = std::time::Duration::ZERO;
+    while started.elapsed() < std::time::Duration::from_secs(5) {
+        let write = std::time::Instant::now();
+        store
+            .write_spans(&bulk_spans(batch, 1 << 103, &padding))
+            .await
+            .unwrap();
+        slowest = slowest.max(write.elapsed());
+        batch += 1;
+    }
+    sqlx::query("COMMIT").execute(&mut reader).await.unwrap();
+    assert!(
+        slowest < std::time::Duration::from_secs(3),
+        "a write waited {slowest:?} behind the checkpointer while a reader kept its snapshot"
+    );
+}
+
 /// Under writes that never pause, the WAL must start over while they go on, and through the
 /// writer's own checkpoint between two transactions: the checkpointer's TRUNCATE, which
 /// held the writer off for 90–190 ms, would leave the file at zero bytes first.

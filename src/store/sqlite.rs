@@ -45,6 +45,13 @@ const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 /// over (`SqliteStore::reset_wal_if_due`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
+/// How long the checkpointer's TRUNCATE waits for the write lock and then for readers
+/// before it gives up until its next pass (SQLite's busy timeout on its connection). It
+/// holds the write lock while it waits for readers: with the 10 s every other connection
+/// has, a reader keeping an old snapshot stalled every write for 10 s, and the write then
+/// failed (test: `sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot`).
+const CHECKPOINTER_WAIT: Duration = Duration::from_millis(100);
+
 /// The WAL file size past which the checkpointer cuts it back once writes pause.
 const WAL_KEPT_BYTES: u64 = 64 << 20;
 
@@ -500,7 +507,9 @@ async fn start_checkpointer(
     wal_reset_due: Arc<AtomicBool>,
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
-    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
+    let mut conn =
+        sqlx::SqliteConnection::connect_with(&options.clone().busy_timeout(CHECKPOINTER_WAIT))
+            .await?;
     let database = options.get_filename().to_owned();
     let wal = {
         let mut path = database.as_os_str().to_owned();
@@ -597,7 +606,11 @@ async fn start_checkpointer(
                 Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
-        // A last full pass so the WAL does not outlive a clean shutdown.
+        // A last full pass so the WAL does not outlive a clean shutdown: nothing writes any
+        // more, so it may wait out the readers as long as anyone.
+        let _ = sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(&mut conn)
+            .await;
         let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
             .execute(&mut conn)
             .await;
