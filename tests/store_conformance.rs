@@ -269,6 +269,11 @@ async fn ping_answers_on_a_live_store() {
 }
 
 /// A fresh SQLite store and the path of its WAL file (`db` must outlive the store).
+/// The size of the file at `path`, 0 when there is none (a WAL not yet created).
+fn file_size(path: &str) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
 async fn sqlite_store_and_wal() -> (TestDb, Arc<dyn Store>, String) {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
@@ -353,6 +358,37 @@ async fn sqlite_in_memory_store_reads_between_writes() {
     assert_eq!(within(store.span_count()).await.unwrap(), 3);
 }
 
+/// Writes `bulk_spans` batches of about 2 MB each, numbered from `from`, without a pause
+/// until `done` holds after a write; returns the next batch number. 200 batches (400 MB)
+/// without it is a failure, named by `what`.
+async fn write_until(
+    store: &dyn Store,
+    from: u32,
+    tag: u128,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) -> u32 {
+    let padding = "x".repeat(2_000);
+    for batch in from..from + 200 {
+        store
+            .write_spans(&bulk_spans(batch, tag, &padding))
+            .await
+            .unwrap();
+        if done() {
+            return batch + 1;
+        }
+    }
+    panic!("400 MB written without a pause and {what}");
+}
+
+/// Whether the WAL at `wal` has started over since its sequence number was `first` (set at
+/// the first call).
+fn started_over(wal: &str, first: &mut Option<u32>) -> bool {
+    let now = store::sqlite::wal_sequence(std::path::Path::new(wal))
+        .expect("the WAL has a header after a commit");
+    *first.get_or_insert(now) != now
+}
+
 /// The SQLite writer runs its statements on the connection's raw handle, outside sqlx's
 /// transaction bookkeeping: a write that fails part-way must still roll back whole and
 /// leave the connection outside any transaction, or every later write would fail ("cannot
@@ -407,11 +443,11 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
             .write_spans(&bulk_spans(batch, 1 << 100, &padding))
             .await
             .unwrap();
-        peak = peak.max(std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0));
+        peak = peak.max(file_size(&wal));
     }
     // Give the checkpointer (every 500 ms) a chance to run after the last write.
     tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
-    let after = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let after = file_size(&wal);
     assert!(
         after < 80 << 20,
         "WAL is {} MiB after writes stopped (peak {} MiB)",
@@ -426,23 +462,18 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_wal_file_is_cut_back_once_writes_pause() {
     let (_db, store, wal) = sqlite_store_and_wal().await;
-    let padding = "x".repeat(2_000);
-    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    let sequence = || store::sqlite::wal_sequence(std::path::Path::new(&wal));
-    // Writes without a pause until the WAL has started over (past 64 MiB), then one more
-    // batch, so that the WAL in use is small and only the file is large.
+    let size = || file_size(&wal);
+    // Writes without a pause until the WAL has started over (past 64 MiB): the WAL in use
+    // is then small and only the file is large.
     let mut first = None;
-    for batch in 0..=200u32 {
-        assert!(batch < 200, "400 MB written and the WAL never started over");
-        store
-            .write_spans(&bulk_spans(batch, 1 << 102, &padding))
-            .await
-            .unwrap();
-        let now = sequence().expect("the WAL has a header after a commit");
-        if *first.get_or_insert(now) != now {
-            break;
-        }
-    }
+    write_until(
+        store.as_ref(),
+        0,
+        1 << 102,
+        "the WAL never started over",
+        || started_over(&wal, &mut first),
+    )
+    .await;
     assert!(
         size() > 64 << 20,
         "the writer cut the WAL back to {} MiB when it started over",
@@ -472,15 +503,10 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
     use sqlx::Connection as _;
     let (db, store, wal) = sqlite_store_and_wal().await;
     let padding = "x".repeat(2_000);
-    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    let mut batch = 0u32;
-    while size() <= 32 << 20 {
-        store
-            .write_spans(&bulk_spans(batch, 1 << 103, &padding))
-            .await
-            .unwrap();
-        batch += 1;
-    }
+    let mut batch = write_until(store.as_ref(), 0, 1 << 103, "the WAL stayed small", || {
+        file_size(&wal) > 32 << 20
+    })
+    .await;
     let mut reader = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
     sqlx::query("BEGIN").execute(&mut reader).await.unwrap();
     let _: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
@@ -513,30 +539,24 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_writer_starts_the_wal_over_between_transactions_without_truncating_it() {
     let (_db, store, wal) = sqlite_store_and_wal().await;
-    let padding = "x".repeat(2_000);
-    let mut first_sequence = None;
-    // Each batch is about 2 MB; the reset is due past 64 MiB of WAL. Stops at the first
-    // restart; 200 batches without one is a failure.
-    for batch in 0..200u32 {
-        store
-            .write_spans(&bulk_spans(batch, 1 << 101, &padding))
-            .await
-            .unwrap();
-        let sequence = store::sqlite::wal_sequence(std::path::Path::new(&wal))
-            .expect("the WAL has a header after a commit");
-        let first = *first_sequence.get_or_insert(sequence);
-        if sequence != first {
-            let size = std::fs::metadata(&wal).unwrap().len();
-            assert!(
-                size >= 32 << 20,
-                "the WAL started over at batch {batch} but was cut to {} MiB: truncated by \
-                 the checkpointer rather than reused by the writer",
-                size >> 20
-            );
-            return;
-        }
-    }
-    panic!("400 MB written without a pause and the WAL never started over");
+    // The reset is due past 64 MiB of WAL; stops at the first restart.
+    let mut first = None;
+    let next = write_until(
+        store.as_ref(),
+        0,
+        1 << 101,
+        "the WAL never started over",
+        || started_over(&wal, &mut first),
+    )
+    .await;
+    let size = file_size(&wal);
+    assert!(
+        size >= 32 << 20,
+        "the WAL started over at batch {} but was cut to {} MiB: truncated by the \
+         checkpointer rather than reused by the writer",
+        next - 1,
+        size >> 20
+    );
 }
 
 /// Regression: on Postgres with autovacuum off (as on the project's machine), a search for a
