@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
 use super::query::{
@@ -95,15 +93,12 @@ impl SqliteStore {
             .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL {url:?}: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
-            // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at
-            // every commit, so 64 MiB cost more per commit than it saved in reads.
-            .pragma("cache_size", "-8192")
-            .pragma("temp_store", "memory")
-            // Pages are read through a memory map instead of copied in by read(2): misses of
-            // the small page cache above cost a page-table walk, not a syscall and a copy.
-            .pragma("mmap_size", "1073741824");
+            .busy_timeout(BUSY_TIMEOUT);
+        let options = CONNECTION_PRAGMAS
+            .iter()
+            .fold(options, |options, (name, value)| {
+                options.pragma(*name, *value)
+            });
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         // Checkpoints run on their own connection (below), not in the writer's commits.
         let writer_options = if in_memory {
@@ -299,8 +294,23 @@ impl SqliteStore {
     }
 }
 
-/// Settings of the connections that write to a database file, beside those every
-/// connection has (`SqliteStore::connect`).
+/// How long a connection waits for another's lock before it fails (SQLite's busy timeout).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings every connection has, sqlx's (`SqliteStore::connect`) and ingest's own
+/// (`open_ingest_connection`).
+const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
+    ("synchronous", "NORMAL"),
+    // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at every
+    // commit, so 64 MiB cost more per commit than it saved in reads.
+    ("cache_size", "-8192"),
+    ("temp_store", "memory"),
+    // Pages are read through a memory map instead of copied in by read(2): misses of the
+    // small page cache above cost a page-table walk, not a syscall and a copy.
+    ("mmap_size", "1073741824"),
+];
+
+/// Settings of the connections that write to a database file, over `CONNECTION_PRAGMAS`.
 const WRITER_PRAGMAS: &[(&str, &str)] = &[
     // Checkpoints run on their own connection (`start_checkpointer`), not in commits.
     ("wal_autocheckpoint", "0"),
@@ -315,23 +325,20 @@ const WRITER_PRAGMAS: &[(&str, &str)] = &[
     ("mmap_size", "0"),
 ];
 
-/// Opens the ingest writer's connection to `file` (already created and migrated by sqlx),
-/// with the settings sqlx gives the other connections.
+/// Opens the ingest writer's connection to `file` (already created, in WAL mode and
+/// migrated by sqlx), with the settings of sqlx's writer.
 fn open_ingest_connection(file: &std::path::Path) -> rusqlite::Result<rusqlite::Connection> {
     use rusqlite::OpenFlags;
     let db = rusqlite::Connection::open_with_flags(
         file,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    db.busy_timeout(Duration::from_secs(10))?;
-    // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at every
-    // commit, so 64 MiB cost more per commit than it saved in reads.
-    let mut settings = String::from(
-        "PRAGMA synchronous = NORMAL; PRAGMA cache_size = -8192; PRAGMA temp_store = memory;",
-    );
-    for (name, value) in WRITER_PRAGMAS {
-        settings.push_str(&format!(" PRAGMA {name} = {value};"));
-    }
+    db.busy_timeout(BUSY_TIMEOUT)?;
+    let settings: String = CONNECTION_PRAGMAS
+        .iter()
+        .chain(WRITER_PRAGMAS)
+        .map(|(name, value)| format!("PRAGMA {name} = {value};"))
+        .collect();
     db.execute_batch(&settings)?;
     Ok(db)
 }
@@ -488,6 +495,18 @@ fn log_writer_checkpoint(
     }
 }
 
+/// A TRUNCATE checkpoint: copies every frame and starts the WAL over at zero bytes, once it
+/// has the write lock and no reader uses the WAL (it gives up after its connection's busy
+/// timeout, `CHECKPOINTER_WAIT`, and reports that rather than failing).
+async fn truncate_wal(conn: &mut sqlx::SqliteConnection) {
+    if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(conn)
+        .await
+    {
+        tracing::warn!(%error, "sqlite could not truncate its WAL; will try again");
+    }
+}
+
 /// A PASSIVE checkpoint, which copies what it can without waiting for anyone: (1 if it
 /// could not run because another connection was checkpointing, frames in the WAL, frames
 /// copied so far).
@@ -577,12 +596,7 @@ async fn start_checkpointer(
                     );
                     stuck_passes = 0;
                     wal_reset_due.store(false, Ordering::Release);
-                    if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-                        .execute(&mut conn)
-                        .await
-                    {
-                        tracing::warn!(%error, wal_frames, "sqlite could not reset its WAL; will try again");
-                    }
+                    truncate_wal(&mut conn).await;
                 }
                 Ok((_, wal_frames, copied)) => {
                     stuck_passes = 0;
@@ -594,12 +608,7 @@ async fn start_checkpointer(
                     let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
                     if idle && size > WAL_KEPT_BYTES {
                         tracing::debug!(size, "checkpointer truncates the idle WAL");
-                        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-                            .execute(&mut conn)
-                            .await
-                        {
-                            tracing::warn!(%error, "sqlite could not cut back its WAL; will try again");
-                        }
+                        truncate_wal(&mut conn).await;
                     }
                     last_frames = wal_frames;
                 }
@@ -608,12 +617,13 @@ async fn start_checkpointer(
         }
         // A last full pass so the WAL does not outlive a clean shutdown: nothing writes any
         // more, so it may wait out the readers as long as anyone.
-        let _ = sqlx::query("PRAGMA busy_timeout = 10000")
-            .execute(&mut conn)
-            .await;
-        let _ = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-            .execute(&mut conn)
-            .await;
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "PRAGMA busy_timeout = {}",
+            BUSY_TIMEOUT.as_millis()
+        )))
+        .execute(&mut conn)
+        .await;
+        truncate_wal(&mut conn).await;
         let _ = conn.close().await;
     });
     Ok(stop.drop_guard())
