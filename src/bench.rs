@@ -46,6 +46,22 @@ pub enum BenchCommand {
     Query(QueryBench),
     /// Server time of the trace page for large traces, against the trace API in the same run.
     Ui(UiBench),
+    /// CPU per span of a request's work before the writer (decode, normalise, encode rows),
+    /// on one thread, against decoding the same bytes with the generated OTLP types.
+    Receive(ReceiveBench),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReceiveBench {
+    /// Spans per export request.
+    #[arg(long, default_value = "512")]
+    pub batch: usize,
+    /// Spans per timed round.
+    #[arg(long, default_value = "100000")]
+    pub spans: usize,
+    /// Timed rounds of each path, alternating (the median is reported).
+    #[arg(long, default_value = "9")]
+    pub rounds: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -125,6 +141,10 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest(bench) => ingest(bench).await,
         BenchCommand::Query(bench) => query_bench(bench).await,
         BenchCommand::Ui(bench) => ui_bench(bench).await,
+        BenchCommand::Receive(bench) => {
+            tokio::task::spawn_blocking(move || receive_bench(&bench)).await?;
+            Ok(())
+        }
         BenchCommand::Analyze(bench) => {
             tokio::task::spawn_blocking(move || analyze_bench(&bench)).await?;
             Ok(())
@@ -994,6 +1014,79 @@ fn kv_int(key: &str, value: i64) -> KeyValue {
 
 fn kv_double(key: &str, value: f64) -> KeyValue {
     kv(key, any_value::Value::DoubleValue(value))
+}
+
+/// Times the request side of ingest on one thread: what the OTLP/gRPC and OTLP/HTTP
+/// protobuf receivers do with a request body before handing rows to the writer
+/// (`lenient` decode, `receive::prepare`, and freeing it all, as the server does), against
+/// the least any receiver does: decoding the body with the generated OTLP types.
+fn receive_bench(bench: &ReceiveBench) {
+    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::ExportRequest, prepare};
+    let batch = bench.batch.max(1);
+    eprintln!("generating {} spans in requests of {batch}…", bench.spans);
+    let bodies: Vec<Vec<u8>> = generate(bench.spans.max(1), batch)
+        .iter()
+        .map(|request| request.encode_to_vec())
+        .collect();
+    let spans = bench.spans.max(1) as f64;
+    let options = NormalizeOptions {
+        budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let ns_per_span = |f: &dyn Fn(&[u8])| {
+        let started = Instant::now();
+        for body in &bodies {
+            f(body);
+        }
+        started.elapsed().as_secs_f64() * 1e9 / spans
+    };
+    let ours = |body: &[u8]| {
+        let (request, repaired) = ExportRequest::decode(body)
+            .expect("generated requests decode")
+            .into_request();
+        std::hint::black_box(prepare(
+            request,
+            &options,
+            now,
+            repaired.then_some(LOSSY_UTF8_WARNING),
+        ));
+    };
+    let baseline = |body: &[u8]| {
+        std::hint::black_box(
+            ExportTraceServiceRequest::decode(body).expect("generated requests decode"),
+        );
+    };
+    let (mut ours_ns, mut baseline_ns) = (Vec::new(), Vec::new());
+    for round in 0..bench.rounds.max(1) {
+        eprintln!("round {} of {}…", round + 1, bench.rounds.max(1));
+        ours_ns.push(ns_per_span(&ours));
+        baseline_ns.push(ns_per_span(&baseline));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let (ours_median, ours_min, ours_max) = median(ours_ns);
+    let (base_median, base_min, base_max) = median(baseline_ns);
+    println!(
+        "## receive: {batch} spans/request, {} spans per round, median of {} rounds (min–max)",
+        bench.spans.max(1),
+        bench.rounds.max(1)
+    );
+    println!("| path | ns per span |\n|---|---|");
+    println!(
+        "| decode + normalise + encode rows + free (the receivers' work) | {ours_median:.0} ({ours_min:.0}–{ours_max:.0}) |"
+    );
+    println!(
+        "| baseline: decode with the generated OTLP types + free | {base_median:.0} ({base_min:.0}–{base_max:.0}) |"
+    );
+    println!(
+        "| receivers' work ÷ baseline | {:.2} |",
+        ours_median / base_median
+    );
 }
 
 /// Times `analyze` (and the API's JSON of it) on one generated trace per size.

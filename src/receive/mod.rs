@@ -92,17 +92,7 @@ impl Receiver {
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0);
-            let mut normalized = normalize(request, &options, now);
-            if let Some(warning) = warning {
-                for span in &mut normalized.spans {
-                    span.warnings.push(warning.to_string());
-                }
-            }
-            let accepted = Accepted {
-                rejected: normalized.rejected,
-                error_message: normalized.error_message(),
-            };
-            (EncodedBatch::encode(&normalized.spans), accepted)
+            prepare(request, &options, now, warning)
         };
         let (batch, accepted) = if span_count <= INLINE_SPANS {
             work()
@@ -114,6 +104,27 @@ impl Receiver {
         self.ingestor.commit(admission, batch).await?;
         Ok(accepted)
     }
+}
+
+/// A request's CPU work before the writer: normalises and validates its spans and encodes
+/// the valid ones into rows. `warning` goes on every span (see `Receiver::export`).
+pub fn prepare(
+    request: ExportTraceServiceRequest,
+    options: &NormalizeOptions,
+    now_unix_nano: u64,
+    warning: Option<&'static str>,
+) -> (EncodedBatch, Accepted) {
+    let mut normalized = normalize(request, options, now_unix_nano);
+    if let Some(warning) = warning {
+        for span in &mut normalized.spans {
+            span.warnings.push(warning.to_string());
+        }
+    }
+    let accepted = Accepted {
+        rejected: normalized.rejected,
+        error_message: normalized.error_message(),
+    };
+    (EncodedBatch::encode(&normalized.spans), accepted)
 }
 
 /// What an exporter is told when its spans could not be taken now (always retryable).
