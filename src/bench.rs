@@ -377,8 +377,8 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             .iter()
             .flat_map(|p| normalize(p.request.clone(), &options, now).spans)
             .collect();
-        let rows = encode_rows(&spans);
         let operations = store::batch_operations(&spans);
+        let rows = encode_rows(spans);
         let ceiling_url = databases.fresh("ceiling").await?;
         let started = Instant::now();
         databases

@@ -85,7 +85,16 @@ pub fn normalize(
     options: &NormalizeOptions,
     now_unix_nano: u64,
 ) -> Normalized {
-    let mut out = Normalized::default();
+    let spans = request
+        .resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .map(|s| s.spans.len())
+        .sum();
+    let mut out = Normalized {
+        spans: Vec::with_capacity(spans),
+        ..Normalized::default()
+    };
     for resource_spans in request.resource_spans {
         let resource: Arc<Attributes> = Arc::new(
             resource_spans
@@ -106,10 +115,13 @@ pub fn normalize(
                 })
                 .unwrap_or_default();
             for span in scope_spans.spans {
-                let which = describe_span(&service, &span);
-                match convert_span(span, &service, &resource, &scope, options, now_unix_nano) {
-                    Ok(span) => out.spans.push(span),
-                    Err(reason) => out.reject(reason, which),
+                // Checked before the span is taken apart, so that a rejection can name it;
+                // describing every span cost 2 % of the server's time under load.
+                match validate(&span, now_unix_nano) {
+                    Ok(ids) => out.spans.push(convert_span(
+                        span, ids, &service, &resource, &scope, options,
+                    )),
+                    Err(reason) => out.reject(reason, describe_span(&service, &span)),
                 }
             }
         }
@@ -122,14 +134,15 @@ fn describe_span(service: &str, span: &otlp::Span) -> String {
     format!("{service} {name:?}")
 }
 
-fn convert_span(
-    span: otlp::Span,
-    service: &str,
-    resource: &Arc<Attributes>,
-    scope: &Scope,
-    options: &NormalizeOptions,
-    now_unix_nano: u64,
-) -> Result<Span, String> {
+/// A span's ids, once `validate` found them valid.
+struct Ids {
+    trace_id: TraceId,
+    span_id: SpanId,
+    parent_span_id: Option<SpanId>,
+}
+
+/// Everything that makes a span invalid as a whole: its ids and its timestamps.
+fn validate(span: &otlp::Span, now_unix_nano: u64) -> Result<Ids, String> {
     let trace_id = TraceId::from_bytes(&span.trace_id).map_err(|e| format!("trace id {e}"))?;
     let span_id = SpanId::from_bytes(&span.span_id).map_err(|e| format!("span id {e}"))?;
     let parent_span_id = match span.parent_span_id.as_slice() {
@@ -142,7 +155,21 @@ fn convert_span(
         span.end_time_unix_nano,
         now_unix_nano,
     )?;
+    Ok(Ids {
+        trace_id,
+        span_id,
+        parent_span_id,
+    })
+}
 
+fn convert_span(
+    span: otlp::Span,
+    ids: Ids,
+    service: &str,
+    resource: &Arc<Attributes>,
+    scope: &Scope,
+    options: &NormalizeOptions,
+) -> Span {
     let attributes = convert_attributes(span.attributes);
     let reading = read_budget(&attributes, &options.budget_keys);
     let mut warnings = reading.warnings;
@@ -170,10 +197,10 @@ fn convert_span(
             _ => warnings.push("dropped a link with an invalid trace or span id".to_string()),
         }
     }
-    Ok(Span {
-        trace_id,
-        span_id,
-        parent_span_id,
+    Span {
+        trace_id: ids.trace_id,
+        span_id: ids.span_id,
+        parent_span_id: ids.parent_span_id,
         service: service.to_string(),
         name: without_nul(span.name, &mut warnings),
         kind: SpanKind::from_i32(span.kind),
@@ -195,7 +222,7 @@ fn convert_span(
         links,
         budget: reading.budget,
         warnings,
-    })
+    }
 }
 
 /// Replaces NUL characters, which Postgres text columns cannot hold, noting it once.

@@ -124,7 +124,7 @@ pub fn prepare(
         rejected: normalized.rejected,
         error_message: normalized.error_message(),
     };
-    (EncodedBatch::encode(&normalized.spans), accepted)
+    (EncodedBatch::from_spans(normalized.spans), accepted)
 }
 
 /// What an exporter is told when its spans could not be taken now (always retryable).

@@ -134,9 +134,9 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 
 /// A span encoded into column values, shared by both backends' inserts.
 pub struct SpanRow {
-    pub(crate) trace_id: Vec<u8>,
-    pub(crate) span_id: Vec<u8>,
-    pub(crate) parent_span_id: Option<Vec<u8>>,
+    pub(crate) trace_id: [u8; TraceId::LEN],
+    pub(crate) span_id: [u8; SpanId::LEN],
+    pub(crate) parent_span_id: Option<[u8; SpanId::LEN]>,
     pub(crate) service: String,
     pub(crate) name: String,
     pub(crate) kind: i16,
@@ -160,17 +160,22 @@ pub struct EncodedBatch {
     pub(crate) rows: Vec<SpanRow>,
     pub(crate) operations: Vec<OperationRow>,
     /// The distinct trace ids of the rows, sorted: marked dirty for the analyzer.
-    pub(crate) traces: Vec<Vec<u8>>,
+    pub(crate) traces: Vec<[u8; TraceId::LEN]>,
 }
 
 impl EncodedBatch {
     pub fn encode(spans: &[Span]) -> EncodedBatch {
-        let mut traces: Vec<Vec<u8>> = spans.iter().map(|s| s.trace_id.0.to_vec()).collect();
-        traces.sort();
+        EncodedBatch::from_spans(spans.to_vec())
+    }
+
+    /// `encode`, taking the spans apart instead of copying their text (the ingest path).
+    pub fn from_spans(spans: Vec<Span>) -> EncodedBatch {
+        let mut traces: Vec<_> = spans.iter().map(|s| s.trace_id.0).collect();
+        traces.sort_unstable();
         traces.dedup();
         EncodedBatch {
+            operations: batch_operations(&spans),
             rows: encode_rows(spans),
-            operations: batch_operations(spans),
             traces,
         }
     }
@@ -214,38 +219,40 @@ impl EncodedBatch {
     }
 }
 
-/// Encodes spans for insertion. The spans of one OTLP `ResourceSpans` share one resource,
-/// so its JSON is written once per run of spans sharing it.
-pub(crate) fn encode_rows(spans: &[Span]) -> Vec<SpanRow> {
+/// Encodes spans for insertion, moving their text into the rows. The spans of one OTLP
+/// `ResourceSpans` share one resource, so its JSON is written once per run of spans sharing
+/// it.
+pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
     let mut rows = Vec::with_capacity(spans.len());
-    let mut last_resource: Option<(&Arc<crate::model::Attributes>, String)> = None;
+    let mut last_resource: Option<(Arc<crate::model::Attributes>, String)> = None;
     for span in spans {
         let resource = match &last_resource {
             Some((shared, json))
-                if Arc::ptr_eq(shared, &span.resource) || **shared == span.resource =>
+                if Arc::ptr_eq(shared, &span.resource) || **shared == *span.resource =>
             {
                 json.clone()
             }
             _ => {
                 let json = codec::attributes_to_string(&span.resource);
-                last_resource = Some((&span.resource, json.clone()));
+                last_resource = Some((span.resource.clone(), json.clone()));
                 json
             }
         };
+        let (budget_ms, budget_source) = match span.budget {
+            Some(budget) => (Some(budget.ms), Some(budget.source)),
+            None => (None, None),
+        };
         rows.push(SpanRow {
-            trace_id: span.trace_id.0.to_vec(),
-            span_id: span.span_id.0.to_vec(),
-            parent_span_id: span.parent_span_id.map(|p| p.0.to_vec()),
-            service: span.service.clone(),
-            name: span.name.clone(),
+            trace_id: span.trace_id.0,
+            span_id: span.span_id.0,
+            parent_span_id: span.parent_span_id.map(|p| p.0),
             kind: span.kind.as_i32() as i16,
             // normalize rejects timestamps above i64::MAX.
             start_unix_nano: i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX),
             end_unix_nano: i64::try_from(span.end_unix_nano).unwrap_or(i64::MAX),
             status_code: span.status.code.as_i32() as i16,
-            status_message: span.status.message.clone(),
-            budget_ms: span.budget.as_ref().map(|b| b.ms),
-            budget_source: span.budget.as_ref().map(|b| b.source.clone()),
+            budget_ms,
+            budget_source,
             attributes: codec::attributes_to_string(&span.attributes),
             resource,
             details: codec::details_to_string(
@@ -254,6 +261,9 @@ pub(crate) fn encode_rows(spans: &[Span]) -> Vec<SpanRow> {
                 &span.links,
                 &span.warnings,
             ),
+            service: span.service,
+            name: span.name,
+            status_message: span.status.message,
         });
     }
     rows

@@ -137,7 +137,7 @@ impl PostgresStore {
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
-        traces: &[Vec<u8>],
+        traces: &[[u8; TraceId::LEN]],
     ) -> Result<(), StoreError> {
         // Columns borrow from the rows: one array per column, no copy of the values.
         fn column<'a, T>(rows: &'a [SpanRow], f: impl Fn(&'a SpanRow) -> T) -> Vec<T> {
@@ -147,7 +147,9 @@ impl PostgresStore {
         sqlx::query(INSERT_SPANS)
             .bind(column(rows, |r| r.trace_id.as_slice()))
             .bind(column(rows, |r| r.span_id.as_slice()))
-            .bind(column(rows, |r| r.parent_span_id.as_deref()))
+            .bind(column(rows, |r| {
+                r.parent_span_id.as_ref().map(|p| p.as_slice())
+            }))
             .bind(column(rows, |r| r.service.as_str()))
             .bind(column(rows, |r| r.name.as_str()))
             .bind(column(rows, |r| r.kind))

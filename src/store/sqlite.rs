@@ -247,7 +247,7 @@ impl SqliteStore {
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
-        traces: &[Vec<u8>],
+        traces: &[[u8; TraceId::LEN]],
     ) -> Result<(), StoreError> {
         let Some(file) = &self.file else {
             return self.insert_rows_in_memory(rows, operations, traces).await;
@@ -274,7 +274,7 @@ impl SqliteStore {
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
-        traces: &[Vec<u8>],
+        traces: &[[u8; TraceId::LEN]],
     ) -> Result<(), StoreError> {
         let mut conn = self.write_connection().await?;
         let result = {
@@ -407,7 +407,7 @@ fn insert_on(
     db: &rusqlite::Connection,
     rows: &[SpanRow],
     operations: &[OperationRow],
-    traces: &[Vec<u8>],
+    traces: &[[u8; TraceId::LEN]],
 ) -> rusqlite::Result<()> {
     use rusqlite::params;
     // Rolls back when dropped before `commit`, so the handle goes back to sqlx outside any
