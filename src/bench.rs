@@ -1021,12 +1021,13 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
 /// (`lenient` decode, `receive::prepare`, and freeing it all, as the server does), against
 /// the least any receiver does: decoding the body with the generated OTLP types.
 fn receive_bench(bench: &ReceiveBench) {
-    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::ExportRequest, prepare};
+    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, prepare};
     let batch = bench.batch.max(1);
     eprintln!("generating {} spans in requests of {batch}…", bench.spans);
-    let bodies: Vec<Vec<u8>> = generate(bench.spans.max(1), batch)
+    // As the receivers get a body: tonic's buffer or axum's, as `Bytes`.
+    let bodies: Vec<Bytes> = generate(bench.spans.max(1), batch)
         .iter()
-        .map(|request| request.encode_to_vec())
+        .map(|request| request.encode_to_vec().into())
         .collect();
     let spans = bench.spans.max(1) as f64;
     let options = NormalizeOptions {
@@ -1036,17 +1037,15 @@ fn receive_bench(bench: &ReceiveBench) {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let ns_per_span = |f: &dyn Fn(&[u8])| {
+    let ns_per_span = |f: &dyn Fn(&Bytes)| {
         let started = Instant::now();
         for body in &bodies {
             f(body);
         }
         started.elapsed().as_secs_f64() * 1e9 / spans
     };
-    let ours = |body: &[u8]| {
-        let (request, repaired) = ExportRequest::decode(body)
-            .expect("generated requests decode")
-            .into_request();
+    let ours = |body: &Bytes| {
+        let (request, repaired) = decode_request(body.clone()).expect("generated requests decode");
         std::hint::black_box(prepare(
             request,
             &options,
@@ -1054,9 +1053,9 @@ fn receive_bench(bench: &ReceiveBench) {
             repaired.then_some(LOSSY_UTF8_WARNING),
         ));
     };
-    let baseline = |body: &[u8]| {
+    let baseline = |body: &Bytes| {
         std::hint::black_box(
-            ExportTraceServiceRequest::decode(body).expect("generated requests decode"),
+            ExportTraceServiceRequest::decode(body.clone()).expect("generated requests decode"),
         );
     };
     let (mut ours_ns, mut baseline_ns) = (Vec::new(), Vec::new());

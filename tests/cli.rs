@@ -181,6 +181,22 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
 }
 
 #[test]
+fn bench_receive_runs_both_paths() {
+    let (ok, stdout, stderr) = run(&[
+        "bench", "receive", "--spans", "2000", "--batch", "100", "--rounds", "1",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("| receivers' work ÷ baseline | "),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("round 1 of 1"),
+        "progress is shown: {stderr}"
+    );
+}
+
+#[test]
 fn bench_overload_is_refused_and_retried_without_loss() {
     let (ok, stdout, stderr) = run(&[
         "bench",

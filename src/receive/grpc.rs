@@ -1,7 +1,7 @@
 //! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export`.
 //!
 //! Hand-written rather than the generated `TraceServiceServer` so that requests decode
-//! with `lenient::ExportRequest`: a span name that is not UTF-8 is repaired and flagged
+//! with `lenient::decode_request`: a span name that is not UTF-8 is repaired and flagged
 //! instead of failing the whole request. It answers exactly as the generated server would
 //! otherwise (same path, codec, compression and size handling; UNIMPLEMENTED elsewhere).
 //!
@@ -13,14 +13,16 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceResponse;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use tonic::codec::CompressionEncoding;
 use tonic::codegen::{BoxFuture, EnabledCompressionEncodings, StdError, http};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::http::LOSSY_UTF8_WARNING;
-use super::lenient::ExportRequest;
+use super::lenient::decode_request;
 use super::{RETRY_AFTER, Receiver, refusal_message};
 
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -45,14 +47,53 @@ impl tonic::server::NamedService for GrpcReceiver {
 
 struct Export(Arc<Receiver>);
 
-impl tonic::server::UnaryService<ExportRequest> for Export {
+/// An export request as `lenient::decode_request` returns it.
+type Decoded = (ExportTraceServiceRequest, bool);
+
+/// tonic's prost codec, decoding with `lenient::decode_request`.
+#[derive(Default)]
+struct ExportCodec;
+
+struct ExportDecoder;
+
+impl tonic::codec::Codec for ExportCodec {
+    type Encode = ExportTraceServiceResponse;
+    type Decode = Decoded;
+    type Encoder = tonic_prost::ProstEncoder<ExportTraceServiceResponse>;
+    type Decoder = ExportDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ExportDecoder
+    }
+}
+
+impl tonic::codec::Decoder for ExportDecoder {
+    type Item = Decoded;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Decoded>, Status> {
+        use bytes::Buf as _;
+        // The message's bytes, without a copy (the buffer is tonic's `BytesMut`).
+        let body = buf.copy_to_bytes(buf.remaining());
+        // INTERNAL for a body that does not decode, as tonic's prost codec answers.
+        decode_request(body)
+            .map(Some)
+            .map_err(|error| Status::internal(error.to_string()))
+    }
+}
+
+impl tonic::server::UnaryService<Decoded> for Export {
     type Response = ExportTraceServiceResponse;
     type Future = BoxFuture<Response<ExportTraceServiceResponse>, Status>;
 
-    fn call(&mut self, request: Request<ExportRequest>) -> Self::Future {
+    fn call(&mut self, request: Request<Decoded>) -> Self::Future {
         let receiver = self.0.clone();
         Box::pin(async move {
-            let (request, repaired) = request.into_inner().into_request();
+            let (request, repaired) = request.into_inner();
             match receiver
                 .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
                 .await
@@ -92,12 +133,9 @@ where
         }
         let mut gzip = EnabledCompressionEncodings::default();
         gzip.enable(CompressionEncoding::Gzip);
-        let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::<
-            ExportTraceServiceResponse,
-            ExportRequest,
-        >::default())
-        .apply_compression_config(gzip, gzip)
-        .apply_max_message_size_config(Some(self.max_request_bytes), None);
+        let mut grpc = tonic::server::Grpc::new(ExportCodec)
+            .apply_compression_config(gzip, gzip)
+            .apply_max_message_size_config(Some(self.max_request_bytes), None);
         let export = Export(self.receiver.clone());
         Box::pin(async move { Ok(grpc.unary(export, request).await) })
     }

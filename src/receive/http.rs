@@ -21,7 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use super::lenient::ExportRequest;
+use super::lenient::decode_request;
 use super::{Accepted, RETRY_AFTER, Receiver, refusal_message};
 
 /// gRPC status codes used in `google.rpc.Status` bodies.
@@ -202,7 +202,7 @@ async fn export_inner(
         } else {
             raw
         };
-        decode(&body, format)
+        decode(body, format)
     })
     .await
     .map_err(|_| {
@@ -277,23 +277,21 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
 }
 
 /// Decodes the body; `true` when text had to be repaired into valid UTF-8.
-fn decode(body: &[u8], format: Format) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
+fn decode(body: Bytes, format: Format) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
     let bad = |message: String| {
         OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
     };
     match format {
-        Format::Protobuf => ExportRequest::decode(body)
-            .map(ExportRequest::into_request)
-            .map_err(|e| {
-                bad(format!(
-                    "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
+        Format::Protobuf => decode_request(body).map_err(|e| {
+            bad(format!(
+                "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
                  check that Content-Type and Content-Encoding match what the exporter sends"
-                ))
-            }),
+            ))
+        }),
         Format::Json => {
-            let (text, lossy) = match std::str::from_utf8(body) {
+            let (text, lossy) = match std::str::from_utf8(&body) {
                 Ok(text) => (std::borrow::Cow::Borrowed(text), false),
-                Err(_) => (String::from_utf8_lossy(body), true),
+                Err(_) => (String::from_utf8_lossy(&body), true),
             };
             serde_json::from_str(&text).map(|r| (r, lossy)).map_err(|e| {
                 bad(format!(

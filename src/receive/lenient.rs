@@ -4,7 +4,9 @@
 //! every valid span sent beside one badly encoded name. These mirror messages have the
 //! same field numbers with `bytes` where OTLP has `string`; `into_request` turns them into
 //! the generated OTLP types, replacing invalid sequences with U+FFFD and reporting that it
-//! did. For valid text the conversion moves the bytes without copying.
+//! did. For valid text the conversion moves the bytes without copying. Receivers call
+//! `decode_request`, which tries the generated types first and these only for a body the
+//! generated types refuse.
 //!
 //! Field numbers follow opentelemetry-proto's trace.proto, common.proto and resource.proto
 //! (v1). Fields budgetscope does not keep (dropped counts, flags, schema URLs, trace state,
@@ -232,6 +234,20 @@ impl Text {
     }
 }
 
+/// Decodes an OTLP export request body, and tells whether text had to be repaired. The
+/// generated OTLP types decode a valid body faster: one copy per string and no conversion
+/// (`bench receive`: see BENCHMARKS.md). Only a body they refuse (text that is not UTF-8, or
+/// not OTLP at all) is decoded again with the mirror types here, whose error is reported.
+pub fn decode_request(
+    body: bytes::Bytes,
+) -> Result<(collector::ExportTraceServiceRequest, bool), prost::DecodeError> {
+    use prost::Message as _;
+    match collector::ExportTraceServiceRequest::decode(body.clone()) {
+        Ok(request) => Ok((request, false)),
+        Err(_) => ExportRequest::decode(body).map(ExportRequest::into_request),
+    }
+}
+
 impl ExportRequest {
     /// The OTLP request, and whether any text was not valid UTF-8 and was repaired.
     pub fn into_request(self) -> (collector::ExportTraceServiceRequest, bool) {
@@ -310,6 +326,41 @@ mod tests {
             .into_request();
         assert!(!repaired);
         assert_eq!(decoded, original);
+    }
+
+    #[test]
+    fn decode_request_takes_the_generated_types_then_falls_back() {
+        let valid = request(Some("svc"), vec![otlp_span(1, 2, "ab__")]);
+        let body = valid.encode_to_vec();
+        assert_eq!(
+            decode_request(body.clone().into()).unwrap(),
+            (valid.clone(), false)
+        );
+
+        // Not UTF-8 in a name: repaired by the fallback, and reported.
+        let at = body.windows(4).position(|w| w == b"ab__").unwrap();
+        let mut forged = body.clone();
+        forged[at + 2] = 0xff;
+        let (decoded, repaired) = decode_request(forged.into()).unwrap();
+        assert!(repaired);
+        assert_eq!(
+            decoded.resource_spans[0].scope_spans[0].spans[0].name,
+            "ab\u{FFFD}_"
+        );
+
+        // Not UTF-8 in a field budgetscope does not keep (trace_state): the generated types
+        // refuse the body, the fallback skips the field, and nothing needed repair.
+        let mut with_state = valid.clone();
+        with_state.resource_spans[0].scope_spans[0].spans[0].trace_state = "st__".into();
+        let body = with_state.encode_to_vec();
+        let at = body.windows(4).position(|w| w == b"st__").unwrap();
+        let mut forged = body.clone();
+        forged[at + 2] = 0xff;
+        let (decoded, repaired) = decode_request(forged.into()).unwrap();
+        assert!(!repaired);
+        assert_eq!(decoded, valid);
+
+        assert!(decode_request(bytes::Bytes::from_static(&[0x0a, 0xff])).is_err());
     }
 
     #[test]
