@@ -20,7 +20,7 @@ configs=(
   "--transport http-proto --batch 512 --concurrency 8 --spans 200000 --gzip"
   "--transport http-json --batch 512 --concurrency 8 --spans 100000"
 )
-field() { echo "$1" | grep -F "| $2" | head -n1 | awk -F'|' '{print $3}' | sed 's/spans\/s//; s/ //g'; }
+field() { echo "$1" | grep -F "| $2" | head -n1 | awk -F'|' '{print $3}' | awk '{print $1}'; }
 for config in "${configs[@]}"; do
   for pair in $(seq 1 "$pairs"); do
     for bin in "$a" "$b"; do

@@ -23,7 +23,7 @@ configs=(
   "--transport http-json --batch 512 --concurrency 8 --spans 100000"
 )
 
-field() { grep -F "| $1" "$2" | head -n1 | awk -F'|' '{print $3}' | sed 's/ //g; s/spans\/s//'; }
+field() { grep -F "| $1" "$2" | head -n1 | awk -F'|' '{print $3}' | awk '{print $1}'; }
 median_range() { sort -g | awk '{v[NR]=$1} END {m=(NR%2)?v[(NR+1)/2]:(v[NR/2]+v[NR/2+1])/2; printf "%s (%s–%s)", m, v[1], v[NR]}'; }
 
 printf '| configuration | committed spans/s | raw ceiling spans/s | ratio | p50 / p99 ms | peak RSS (anonymous) MiB | traces summarised during the run |\n|---|---|---|---|---|---|---|\n'
