@@ -62,6 +62,10 @@ pub struct ReceiveBench {
     /// Timed rounds of each path, alternating (the median is reported).
     #[arg(long, default_value = "9")]
     pub rounds: usize,
+    /// OTLP/JSON bodies (what `POST /v1/traces` with `application/json` does) instead of
+    /// protobuf (OTLP/gRPC and `application/x-protobuf`).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -1030,10 +1034,11 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
     kv(key, any_value::Value::DoubleValue(value))
 }
 
-/// Times the request side of ingest on one thread: what the OTLP/gRPC and OTLP/HTTP
-/// protobuf receivers do with a request body before handing rows to the writer
-/// (`lenient` decode, `receive::prepare`, and freeing it all, as the server does), against
-/// the least any receiver does: decoding the body with the generated OTLP types.
+/// Times the request side of ingest on one thread: what the receivers do with a request
+/// body before handing rows to the writer (`lenient::decode_request` for protobuf,
+/// opentelemetry-proto's serde types for JSON, then `receive::prepare`, and freeing it all, as the server
+/// does), against the least any receiver does: decoding the body with the generated OTLP
+/// types (prost, or their serde implementation for JSON).
 fn receive_bench(bench: &ReceiveBench) {
     use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, prepare};
     let batch = bench.batch.max(1);
@@ -1041,7 +1046,15 @@ fn receive_bench(bench: &ReceiveBench) {
     // As the receivers get a body: tonic's buffer or axum's, as `Bytes`.
     let bodies: Vec<Bytes> = generate(bench.spans.max(1), batch)
         .iter()
-        .map(|request| request.encode_to_vec().into())
+        .map(|request| {
+            if bench.json {
+                serde_json::to_vec(request)
+                    .expect("requests serialise")
+                    .into()
+            } else {
+                request.encode_to_vec().into()
+            }
+        })
         .collect();
     let spans = bench.spans.max(1) as f64;
     let options = NormalizeOptions {
@@ -1058,8 +1071,16 @@ fn receive_bench(bench: &ReceiveBench) {
         }
         started.elapsed().as_secs_f64() * 1e9 / spans
     };
+    fn text(body: &Bytes) -> &str {
+        std::str::from_utf8(body).expect("JSON bodies are UTF-8")
+    }
     let ours = |body: &Bytes| {
-        let (request, repaired) = decode_request(body.clone()).expect("generated requests decode");
+        let (request, repaired) = if bench.json {
+            let request = serde_json::from_str(text(body)).expect("generated requests decode");
+            (request, false)
+        } else {
+            decode_request(body.clone()).expect("generated requests decode")
+        };
         std::hint::black_box(prepare(
             request,
             &options,
@@ -1068,9 +1089,13 @@ fn receive_bench(bench: &ReceiveBench) {
         ));
     };
     let baseline = |body: &Bytes| {
-        std::hint::black_box(
-            ExportTraceServiceRequest::decode(body.clone()).expect("generated requests decode"),
-        );
+        let request = if bench.json {
+            serde_json::from_str::<ExportTraceServiceRequest>(text(body))
+                .expect("generated requests decode")
+        } else {
+            ExportTraceServiceRequest::decode(body.clone()).expect("generated requests decode")
+        };
+        std::hint::black_box(request);
     };
     let (mut ours_ns, mut baseline_ns) = (Vec::new(), Vec::new());
     for round in 0..bench.rounds.max(1) {
@@ -1085,7 +1110,8 @@ fn receive_bench(bench: &ReceiveBench) {
     let (ours_median, ours_min, ours_max) = median(ours_ns);
     let (base_median, base_min, base_max) = median(baseline_ns);
     println!(
-        "## receive: {batch} spans/request, {} spans per round, median of {} rounds (min–max)",
+        "## receive: {}, {batch} spans/request, {} spans per round, median of {} rounds (min–max)",
+        if bench.json { "OTLP/JSON" } else { "protobuf" },
         bench.spans.max(1),
         bench.rounds.max(1)
     );

@@ -182,18 +182,22 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
 
 #[test]
 fn bench_receive_runs_both_paths() {
-    let (ok, stdout, stderr) = run(&[
-        "bench", "receive", "--spans", "2000", "--batch", "100", "--rounds", "1",
-    ]);
-    assert!(ok, "{stderr}");
-    assert!(
-        stdout.contains("| receivers' work ÷ baseline | "),
-        "{stdout}"
-    );
-    assert!(
-        stderr.contains("round 1 of 1"),
-        "progress is shown: {stderr}"
-    );
+    for format in [None, Some("--json")] {
+        let mut args = vec![
+            "bench", "receive", "--spans", "2000", "--batch", "100", "--rounds", "1",
+        ];
+        args.extend(format);
+        let (ok, stdout, stderr) = run(&args);
+        assert!(ok, "{format:?}: {stderr}");
+        assert!(
+            stdout.contains("| receivers' work ÷ baseline | "),
+            "{stdout}"
+        );
+        assert!(
+            stderr.contains("round 1 of 1"),
+            "progress is shown: {stderr}"
+        );
+    }
 }
 
 #[test]
