@@ -147,8 +147,10 @@ pub struct SpanRow {
     pub(crate) budget_ms: Option<f64>,
     pub(crate) budget_source: Option<String>,
     pub(crate) attributes: String,
-    pub(crate) resource: String,
-    pub(crate) details: String,
+    /// Shared by the rows of spans with the same resource (`encode_rows`).
+    pub(crate) resource: Arc<str>,
+    /// Shared by consecutive rows whose details are the same (`encode_rows`).
+    pub(crate) details: Arc<str>,
 }
 
 /// A (service, name, kind) and the latest start seen for it in a batch.
@@ -221,10 +223,12 @@ impl EncodedBatch {
 
 /// Encodes spans for insertion, moving their text into the rows. The spans of one OTLP
 /// `ResourceSpans` share one resource, so its JSON is written once per run of spans sharing
-/// it.
+/// it; so are the details of consecutive spans of one scope that have no events, links or
+/// warnings (most spans).
 pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
     let mut rows = Vec::with_capacity(spans.len());
-    let mut last_resource: Option<(Arc<crate::model::Attributes>, String)> = None;
+    let mut last_resource: Option<(Arc<crate::model::Attributes>, Arc<str>)> = None;
+    let mut last_plain_details: Option<(crate::model::Scope, Arc<str>)> = None;
     for span in spans {
         let resource = match &last_resource {
             Some((shared, json))
@@ -233,8 +237,25 @@ pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
                 json.clone()
             }
             _ => {
-                let json = codec::attributes_to_string(&span.resource);
+                let json: Arc<str> = codec::attributes_to_string(&span.resource).into();
                 last_resource = Some((span.resource.clone(), json.clone()));
+                json
+            }
+        };
+        let plain = span.events.is_empty() && span.links.is_empty() && span.warnings.is_empty();
+        let details: Arc<str> = match &last_plain_details {
+            Some((scope, json)) if plain && *scope == span.scope => json.clone(),
+            _ => {
+                let json: Arc<str> = codec::details_to_string(
+                    &span.scope,
+                    &span.events,
+                    &span.links,
+                    &span.warnings,
+                )
+                .into();
+                if plain {
+                    last_plain_details = Some((span.scope.clone(), json.clone()));
+                }
                 json
             }
         };
@@ -255,12 +276,7 @@ pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
             budget_source,
             attributes: codec::attributes_to_string(&span.attributes),
             resource,
-            details: codec::details_to_string(
-                &span.scope,
-                &span.events,
-                &span.links,
-                &span.warnings,
-            ),
+            details,
             service: span.service,
             name: span.name,
             status_message: span.status.message,
@@ -419,7 +435,37 @@ pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
 
 #[cfg(test)]
 mod tests {
-    use super::{HOUR, rollup_ranges};
+    use super::{HOUR, encode_rows, rollup_ranges};
+    use crate::codec::details_to_string;
+    use crate::model::{Event, Scope};
+
+    #[test]
+    fn rows_share_details_only_where_they_are_the_same() {
+        let mut spans = crate::analyze::fixture::parse(
+            "edge server \"a\" 0 10\n  edge client \"b\" 1 8\n  edge client \"c\" 2 7\n  edge client \"d\" 3 6\n  edge client \"e\" 4 5",
+        );
+        spans[1].events.push(Event {
+            time_unix_nano: 5,
+            name: "retry".into(),
+            attributes: Vec::new(),
+        });
+        spans[2].warnings.push("a warning".into());
+        spans[4].scope = Scope {
+            name: "other".into(),
+            version: "2".into(),
+        };
+        let expected: Vec<String> = spans
+            .iter()
+            .map(|s| details_to_string(&s.scope, &s.events, &s.links, &s.warnings))
+            .collect();
+        let details: Vec<String> = encode_rows(spans)
+            .iter()
+            .map(|row| row.details.to_string())
+            .collect();
+        assert_eq!(details, expected);
+        assert_eq!(details[0], details[3], "plain spans of one scope share");
+        assert_ne!(details[3], details[4]);
+    }
 
     #[test]
     fn whole_hours_come_from_the_hourly_table_and_edges_from_minutes() {

@@ -160,8 +160,8 @@ impl PostgresStore {
             .bind(column(rows, |r| r.budget_ms))
             .bind(column(rows, |r| r.budget_source.as_deref()))
             .bind(column(rows, |r| r.attributes.as_str()))
-            .bind(column(rows, |r| r.resource.as_str()))
-            .bind(column(rows, |r| r.details.as_str()))
+            .bind(column(rows, |r| &*r.resource))
+            .bind(column(rows, |r| &*r.details))
             .execute(&mut *tx)
             .await?;
         if !operations.is_empty() {
