@@ -32,7 +32,7 @@ use prost::Message as _;
 use rand::Rng as _;
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
-use crate::normalize::{NormalizeOptions, normalize};
+use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::{self, encode_rows};
 
 #[derive(Debug, Subcommand)]
@@ -182,12 +182,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let prepared: Vec<Prepared> = requests
         .into_iter()
         .map(|request| {
-            let spans = request
-                .resource_spans
-                .iter()
-                .flat_map(|r| &r.scope_spans)
-                .map(|s| s.spans.len())
-                .sum();
+            let spans = span_count(&request);
             let body = match bench.transport {
                 Transport::HttpJson => serde_json::to_vec(&request).expect("request serialises"),
                 _ => request.encode_to_vec(),

@@ -55,12 +55,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .build()?;
     let total = requests.len();
     for (i, request) in requests.into_iter().enumerate() {
-        let spans: usize = request
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
+        let spans = crate::normalize::span_count(&request);
         let response = client
             .post(&args.endpoint)
             .header("content-type", "application/x-protobuf")

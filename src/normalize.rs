@@ -79,20 +79,24 @@ impl Normalized {
     }
 }
 
+/// The number of spans in an export request, valid or not.
+pub fn span_count(request: &ExportTraceServiceRequest) -> usize {
+    request
+        .resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .map(|s| s.spans.len())
+        .sum()
+}
+
 /// Converts one export request, consuming it so strings move rather than copy.
 pub fn normalize(
     request: ExportTraceServiceRequest,
     options: &NormalizeOptions,
     now_unix_nano: u64,
 ) -> Normalized {
-    let spans = request
-        .resource_spans
-        .iter()
-        .flat_map(|r| &r.scope_spans)
-        .map(|s| s.spans.len())
-        .sum();
     let mut out = Normalized {
-        spans: Vec::with_capacity(spans),
+        spans: Vec::with_capacity(span_count(&request)),
         ..Normalized::default()
     };
     for resource_spans in request.resource_spans {

@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 
 use crate::ingest::{IngestError, Ingestor};
-use crate::normalize::{NormalizeOptions, normalize};
+use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::EncodedBatch;
 
 /// Requests of at most this many spans are normalised and encoded on the async worker that
@@ -73,12 +73,7 @@ impl Receiver {
         request: ExportTraceServiceRequest,
         warning: Option<&'static str>,
     ) -> Result<Accepted, IngestError> {
-        let span_count: usize = request
-            .resource_spans
-            .iter()
-            .flat_map(|r| &r.scope_spans)
-            .map(|s| s.spans.len())
-            .sum();
+        let span_count = span_count(&request);
         if span_count == 0 {
             return Ok(Accepted {
                 rejected: 0,
