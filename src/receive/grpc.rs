@@ -51,7 +51,6 @@ struct Export(Arc<Receiver>);
 type Decoded = (ExportTraceServiceRequest, bool);
 
 /// tonic's prost codec, decoding with `lenient::decode_request`.
-#[derive(Default)]
 struct ExportCodec;
 
 struct ExportDecoder;

@@ -166,6 +166,7 @@ pub struct EncodedBatch {
 }
 
 impl EncodedBatch {
+    /// `from_spans` on a copy of the spans (tests, the demo and offline paths).
     pub fn encode(spans: &[Span]) -> EncodedBatch {
         EncodedBatch::from_spans(spans.to_vec())
     }
