@@ -1031,9 +1031,9 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
 /// body before handing rows to the writer (`lenient::decode_request` for protobuf,
-/// opentelemetry-proto's serde types for JSON, then `receive::prepare`, and freeing it all, as the server
-/// does), against the least any receiver does: decoding the body with the generated OTLP
-/// types (prost, or their serde implementation for JSON).
+/// opentelemetry-proto's serde types for JSON, then `receive::prepare`, and freeing it
+/// all, as the server does), against the least any receiver does: decoding the body with
+/// the generated OTLP types (prost, or their serde implementation for JSON).
 fn receive_bench(bench: &ReceiveBench) {
     use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, prepare};
     let batch = bench.batch.max(1);
@@ -1055,10 +1055,7 @@ fn receive_bench(bench: &ReceiveBench) {
     let options = NormalizeOptions {
         budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let now = store::now_unix_nano() as u64;
     let ns_per_span = |f: &dyn Fn(&Bytes)| {
         let started = Instant::now();
         for body in &bodies {

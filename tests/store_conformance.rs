@@ -268,12 +268,12 @@ async fn ping_answers_on_a_live_store() {
     .await;
 }
 
-/// A fresh SQLite store and the path of its WAL file (`db` must outlive the store).
 /// The size of the file at `path`, 0 when there is none (a WAL not yet created).
 fn file_size(path: &str) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
+/// A fresh SQLite store and the path of its WAL file (`db` must outlive the store).
 async fn sqlite_store_and_wal() -> (TestDb, Arc<dyn Store>, String) {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();

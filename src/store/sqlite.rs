@@ -199,23 +199,27 @@ impl SqliteStore {
     /// filled the WAL faster, and ~35 ms since the checkpointer flushes the database file
     /// first (`6045819`, BENCHMARKS.md).
     async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
-        if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
-            return;
+        if let Some(started) = self.take_wal_reset() {
+            log_writer_checkpoint(passive_checkpoint(&mut *conn).await, started);
         }
-        let started = std::time::Instant::now();
-        log_writer_checkpoint(passive_checkpoint(&mut *conn).await, started);
     }
 
     /// `reset_wal_if_due` on the ingest writer's own connection.
     fn reset_wal_if_due_on(&self, db: &rusqlite::Connection) {
-        if !self.wal_reset_due.swap(false, Ordering::AcqRel) {
-            return;
+        if let Some(started) = self.take_wal_reset() {
+            let result = db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            });
+            log_writer_checkpoint(result, started);
         }
-        let started = std::time::Instant::now();
-        let result = db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        });
-        log_writer_checkpoint(result, started);
+    }
+
+    /// Takes the checkpointer's request for a WAL reset, if there is one: the time the
+    /// writer's checkpoint starts, for its log line.
+    fn take_wal_reset(&self) -> Option<std::time::Instant> {
+        self.wal_reset_due
+            .swap(false, Ordering::AcqRel)
+            .then(std::time::Instant::now)
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -605,9 +609,9 @@ async fn start_checkpointer(
                     // committed since the last pass, every frame copied), the file is cut
                     // back, which then holds nobody off.
                     let idle = wal_frames == copied && wal_frames == last_frames;
-                    let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-                    if idle && size > WAL_KEPT_BYTES {
-                        tracing::debug!(size, "checkpointer truncates the idle WAL");
+                    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+                    if idle && size() > WAL_KEPT_BYTES {
+                        tracing::debug!(size = size(), "checkpointer truncates the idle WAL");
                         truncate_wal(&mut conn).await;
                     }
                     last_frames = wal_frames;
