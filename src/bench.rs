@@ -1031,11 +1031,11 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
 /// body before handing rows to the writer (`lenient::decode_request` for protobuf,
-/// opentelemetry-proto's serde types for JSON, then `receive::prepare`, and freeing it
+/// `otlp_json::decode` for JSON, then `receive::prepare`, and freeing it
 /// all, as the server does), against the least any receiver does: decoding the body with
 /// the generated OTLP types (prost, or their serde implementation for JSON).
 fn receive_bench(bench: &ReceiveBench) {
-    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, prepare};
+    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, otlp_json, prepare};
     let batch = bench.batch.max(1);
     eprintln!("generating {} spans in requests of {batch}…", bench.spans);
     // As the receivers get a body: tonic's buffer or axum's, as `Bytes`.
@@ -1068,7 +1068,7 @@ fn receive_bench(bench: &ReceiveBench) {
     }
     let ours = |body: &Bytes| {
         let (request, repaired) = if bench.json {
-            let request = serde_json::from_str(text(body)).expect("generated requests decode");
+            let request = otlp_json::decode(text(body)).expect("generated requests decode");
             (request, false)
         } else {
             decode_request(body.clone()).expect("generated requests decode")
@@ -1089,11 +1089,18 @@ fn receive_bench(bench: &ReceiveBench) {
         };
         std::hint::black_box(request);
     };
-    let (mut ours_ns, mut baseline_ns) = (Vec::new(), Vec::new());
+    // For JSON, our decoder alone (`otlp_json::decode`), against the same baseline.
+    let decode_alone = |body: &Bytes| {
+        std::hint::black_box(otlp_json::decode(text(body)).expect("generated requests decode"));
+    };
+    let (mut ours_ns, mut baseline_ns, mut decode_ns) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..bench.rounds.max(1) {
         eprintln!("round {} of {}…", round + 1, bench.rounds.max(1));
         ours_ns.push(ns_per_span(&ours));
         baseline_ns.push(ns_per_span(&baseline));
+        if bench.json {
+            decode_ns.push(ns_per_span(&decode_alone));
+        }
     }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -1118,6 +1125,16 @@ fn receive_bench(bench: &ReceiveBench) {
         "| receivers' work ÷ baseline | {:.2} |",
         ours_median / base_median
     );
+    if bench.json {
+        let (decode_median, decode_min, decode_max) = median(decode_ns);
+        println!(
+            "| budgetscope's OTLP/JSON decoder (`otlp_json::decode`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
+        );
+        println!(
+            "| budgetscope's decoder ÷ baseline | {:.2} |",
+            decode_median / base_median
+        );
+    }
 }
 
 /// Times `analyze` (and the API's JSON of it) on one generated trace per size.

@@ -293,7 +293,7 @@ fn decode(body: Bytes, format: Format) -> Result<(ExportTraceServiceRequest, boo
                 Ok(text) => (std::borrow::Cow::Borrowed(text), false),
                 Err(_) => (String::from_utf8_lossy(&body), true),
             };
-            serde_json::from_str(&text).map(|r| (r, lossy)).map_err(|e| {
+            super::otlp_json::decode(&text).map(|r| (r, lossy)).map_err(|e| {
                 bad(format!(
                     "request body is not valid OTLP/JSON ({e}); OTLP/JSON uses lowerCamelCase keys, \
                      hex trace and span ids, and integer enum values"

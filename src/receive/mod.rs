@@ -8,6 +8,7 @@
 pub mod grpc;
 pub mod http;
 pub mod lenient;
+pub mod otlp_json;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
