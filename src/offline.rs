@@ -16,6 +16,7 @@ use crate::analyze::{AnalyzeOptions, analyze, text};
 use crate::budget::DEFAULT_BUDGET_KEYS;
 use crate::model::{Span, SpanId, TraceId};
 use crate::normalize::{NormalizeOptions, normalize};
+use crate::receive::otlp_json;
 
 #[derive(Debug, Clone, Args)]
 pub struct AnalyzeArgs {
@@ -137,7 +138,7 @@ fn read_input(input: &str) -> anyhow::Result<String> {
 
 /// One request, or JSON lines of requests.
 fn parse_requests(input: &str) -> anyhow::Result<Vec<ExportTraceServiceRequest>> {
-    if let Ok(request) = serde_json::from_str::<ExportTraceServiceRequest>(input) {
+    if let Ok(request) = otlp_json::decode(input) {
         return Ok(vec![request]);
     }
     let mut requests = Vec::new();
@@ -145,7 +146,7 @@ fn parse_requests(input: &str) -> anyhow::Result<Vec<ExportTraceServiceRequest>>
         if line.trim().is_empty() {
             continue;
         }
-        let request = serde_json::from_str(line).with_context(|| {
+        let request = otlp_json::decode(line).with_context(|| {
             format!(
                 "line {}: expected an ExportTraceServiceRequest ({{\"resourceSpans\": […]}}) with hex ids and integer enums",
                 number + 1
