@@ -11,7 +11,7 @@
 //! normalised and encoded, are inserted straight into a fresh database of the same schema
 //! (and, on Postgres, loaded with COPY): the ceiling the receiver path is compared with.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -229,6 +229,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let acked = Arc::new(AtomicU64::new(0));
     let refusals = Arc::new(AtomicU64::new(0));
     let cpu_before = server.cpu_seconds()?;
+    let threads_before = server.thread_cpu_seconds()?;
     let started = Instant::now();
     let mut senders = Vec::new();
     for _ in 0..bench.concurrency {
@@ -296,6 +297,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed();
     let cpu = server.cpu_seconds()? - cpu_before;
+    let cpu_by_thread = cpu_by_thread_name(&threads_before, &server.thread_cpu_seconds()?);
     let peak_rss = server.peak_rss_bytes()?;
     let peak_anon = peak_anon.max(server.anon_rss_bytes()?);
     server.stop().await?;
@@ -356,6 +358,14 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     println!(
         "| server CPU | {cpu:.2} s ({:.0}% of one core) |",
         100.0 * cpu / elapsed.as_secs_f64()
+    );
+    println!(
+        "| server CPU by thread name (threads that exited are missing) | {} |",
+        cpu_by_thread
+            .iter()
+            .map(|(name, seconds)| format!("{name} {seconds:.2} s"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     println!(
         "| server peak RSS (VmHWM) | {:.1} MiB |",
@@ -782,11 +792,27 @@ impl ChildServer {
 
     /// User + system CPU seconds (/proc/PID/stat fields 14 and 15, in USER_HZ = 100).
     fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = self.proc_file("stat")?;
-        let after_name = &stat[stat.rfind(')').context("malformed stat")? + 2..];
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-        Ok(ticks as f64 / 100.0)
+        stat_cpu_seconds(&self.proc_file("stat")?)
+    }
+
+    /// CPU seconds of each live thread, by thread id, with the thread's name.
+    fn thread_cpu_seconds(&self) -> anyhow::Result<HashMap<u32, (String, f64)>> {
+        let mut threads = HashMap::new();
+        for entry in std::fs::read_dir(format!("/proc/{}/task", self.pid))? {
+            let entry = entry?;
+            let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            // A thread may exit between listing and reading: skip it.
+            let (Ok(stat), Ok(name)) = (
+                std::fs::read_to_string(entry.path().join("stat")),
+                std::fs::read_to_string(entry.path().join("comm")),
+            ) else {
+                continue;
+            };
+            threads.insert(tid, (name.trim().to_string(), stat_cpu_seconds(&stat)?));
+        }
+        Ok(threads)
     }
 
     fn status_kib(&self, key: &str) -> anyhow::Result<u64> {
@@ -829,6 +855,34 @@ impl ChildServer {
         }
         Ok(())
     }
+}
+
+/// User + system CPU seconds from a `/proc/…/stat` line (fields 14 and 15, in USER_HZ = 100).
+fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
+    let after_name = &stat[stat.rfind(')').context("malformed stat")? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(ticks as f64 / 100.0)
+}
+
+/// CPU seconds each kind of thread (by name) used between two readings, most first.
+/// Threads that exited in between are missing from the second reading and not counted.
+fn cpu_by_thread_name(
+    before: &HashMap<u32, (String, f64)>,
+    after: &HashMap<u32, (String, f64)>,
+) -> Vec<(String, f64)> {
+    let mut by_name: HashMap<&str, f64> = HashMap::new();
+    for (tid, (name, seconds)) in after {
+        let earlier = before.get(tid).map_or(0.0, |(_, s)| *s);
+        *by_name.entry(name).or_default() += seconds - earlier;
+    }
+    let mut sorted: Vec<(String, f64)> = by_name
+        .into_iter()
+        .filter(|(_, seconds)| *seconds > 0.0)
+        .map(|(name, seconds)| (name.to_string(), seconds))
+        .collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    sorted
 }
 
 /// Generates traces shaped like real request chains: an edge service calls 2–4 downstream
