@@ -328,6 +328,28 @@ fn cases() -> Vec<Case> {
             )),
         },
         Case {
+            // budgetscope's JSON decoder leaves these to opentelemetry-proto's (bytes
+            // values, empty and null AnyValues); both spans must still be stored.
+            name: "JSON forms the fast decoder declines are still read",
+            content_type: json_ct,
+            encoding: None,
+            body: json_request(vec![
+                {
+                    let mut s = span_json(15, 1, "bytes and empty values");
+                    s["attributes"] = json!([
+                        {"key": "b", "value": {"bytesValue": "aGk="}},
+                        {"key": "e", "value": {}},
+                        {"key": "n", "value": {"intValue": null}},
+                    ]);
+                    s
+                },
+                span_json(15, 2, "plain"),
+            ]),
+            status: 200,
+            message: "",
+            stored: Some((15, vec!["bytes and empty values", "plain"])),
+        },
+        Case {
             name: "non-UTF-8 JSON is repaired, not refused",
             content_type: "application/json; charset=utf-8",
             encoding: None,
