@@ -66,13 +66,34 @@ struct Parser<'a> {
     depth: usize,
 }
 
-/// Marks field `bit` as seen; a field given twice is an error for the derived types.
-fn once(seen: &mut u32, bit: u32) -> Parsed<()> {
-    if *seen & bit != 0 {
-        return Err(Declined);
-    }
-    *seen |= bit;
-    Ok(())
+/// Reads a JSON object into the message `$out`, one line per field of the generated type:
+/// `"jsonName" => field: reader`, where `reader` reads the value from the parser. A field
+/// given twice is declined (an error for the derived types); unknown keys are skipped, as
+/// the derived types ignore them. Evaluates to the fields seen, bit `i` for line `i`.
+macro_rules! message {
+    ($parser:expr, $out:ident, { $($name:literal => $field:ident : $read:expr),+ $(,)? }) => {
+        {
+            let mut seen = 0u32;
+            $parser
+                .object(|parser, key| {
+                    let mut bit = 1u32;
+                    $(
+                        if key == $name {
+                            if seen & bit != 0 {
+                                return Err(Declined);
+                            }
+                            seen |= bit;
+                            $out.$field = ($read)(parser)?;
+                            return Ok(());
+                        }
+                        bit <<= 1;
+                    )+
+                    let _ = bit;
+                    parser.skip()
+                })
+                .map(|()| seen)
+        }
+    };
 }
 
 fn hex_digit(digit: u8) -> Parsed<u8> {
@@ -397,303 +418,120 @@ impl<'a> Parser<'a> {
     }
 
     fn request(&mut self) -> Parsed<ExportTraceServiceRequest> {
-        let mut request = ExportTraceServiceRequest::default();
-        let mut seen = 0;
-        self.object(|parser, key| match key {
-            "resourceSpans" => {
-                once(&mut seen, 1)?;
-                request.resource_spans = parser.array(Self::resource_spans)?;
-                Ok(())
-            }
-            _ => parser.skip(),
+        let mut out = ExportTraceServiceRequest::default();
+        message!(self, out, {
+            "resourceSpans" => resource_spans: |p: &mut Self| p.array(Self::resource_spans),
         })?;
-        Ok(request)
+        Ok(out)
     }
 
     fn resource_spans(&mut self) -> Parsed<ResourceSpans> {
         let mut out = ResourceSpans::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "resource" => {
-                    once(&mut seen, 1)?;
-                    out.resource = parser.optional(Self::resource)?;
-                }
-                "scopeSpans" => {
-                    once(&mut seen, 2)?;
-                    out.scope_spans = parser.array(Self::scope_spans)?;
-                }
-                "schemaUrl" => {
-                    once(&mut seen, 4)?;
-                    out.schema_url = parser.owned_string()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "resource" => resource: |p: &mut Self| p.optional(Self::resource),
+            "scopeSpans" => scope_spans: |p: &mut Self| p.array(Self::scope_spans),
+            "schemaUrl" => schema_url: Self::owned_string,
         })?;
         Ok(out)
     }
 
     fn resource(&mut self) -> Parsed<Resource> {
         let mut out = Resource::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "attributes" => {
-                    once(&mut seen, 1)?;
-                    out.attributes = parser.array(Self::key_value)?;
-                }
-                "droppedAttributesCount" => {
-                    once(&mut seen, 2)?;
-                    out.dropped_attributes_count = parser.integer()?;
-                }
-                // Serialised as `[]` by opentelemetry-proto's exporters; entity refs
-                // themselves (fields of their own, all required) are left to the reference.
-                "entityRefs" => {
-                    once(&mut seen, 4)?;
-                    parser.array(|_| Err::<(), _>(Declined))?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "attributes" => attributes: |p: &mut Self| p.array(Self::key_value),
+            "droppedAttributesCount" => dropped_attributes_count: Self::integer,
+            // Serialised as `[]` by opentelemetry-proto's exporters; entity refs themselves
+            // (fields of their own, all required) are left to the reference.
+            "entityRefs" => entity_refs: |p: &mut Self| p.array(|_| Err(Declined)),
         })?;
         Ok(out)
     }
 
     fn scope_spans(&mut self) -> Parsed<ScopeSpans> {
         let mut out = ScopeSpans::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "scope" => {
-                    once(&mut seen, 1)?;
-                    out.scope = parser.optional(Self::scope)?;
-                }
-                "spans" => {
-                    once(&mut seen, 2)?;
-                    out.spans = parser.array(Self::span)?;
-                }
-                "schemaUrl" => {
-                    once(&mut seen, 4)?;
-                    out.schema_url = parser.owned_string()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "scope" => scope: |p: &mut Self| p.optional(Self::scope),
+            "spans" => spans: |p: &mut Self| p.array(Self::span),
+            "schemaUrl" => schema_url: Self::owned_string,
         })?;
         Ok(out)
     }
 
     fn scope(&mut self) -> Parsed<InstrumentationScope> {
         let mut out = InstrumentationScope::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "name" => {
-                    once(&mut seen, 1)?;
-                    out.name = parser.owned_string()?;
-                }
-                "version" => {
-                    once(&mut seen, 2)?;
-                    out.version = parser.owned_string()?;
-                }
-                "attributes" => {
-                    once(&mut seen, 4)?;
-                    out.attributes = parser.array(Self::key_value)?;
-                }
-                "droppedAttributesCount" => {
-                    once(&mut seen, 8)?;
-                    out.dropped_attributes_count = parser.integer()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "name" => name: Self::owned_string,
+            "version" => version: Self::owned_string,
+            "attributes" => attributes: |p: &mut Self| p.array(Self::key_value),
+            "droppedAttributesCount" => dropped_attributes_count: Self::integer,
         })?;
         Ok(out)
     }
 
     fn span(&mut self) -> Parsed<Span> {
         let mut out = Span::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "traceId" => {
-                    once(&mut seen, 1 << 0)?;
-                    out.trace_id = parser.hex_id()?;
-                }
-                "spanId" => {
-                    once(&mut seen, 1 << 1)?;
-                    out.span_id = parser.hex_id()?;
-                }
-                "traceState" => {
-                    once(&mut seen, 1 << 2)?;
-                    out.trace_state = parser.owned_string()?;
-                }
-                "parentSpanId" => {
-                    once(&mut seen, 1 << 3)?;
-                    out.parent_span_id = parser.hex_id()?;
-                }
-                "flags" => {
-                    once(&mut seen, 1 << 4)?;
-                    out.flags = parser.integer()?;
-                }
-                "name" => {
-                    once(&mut seen, 1 << 5)?;
-                    out.name = parser.owned_string()?;
-                }
-                "kind" => {
-                    once(&mut seen, 1 << 6)?;
-                    out.kind = parser.integer()?;
-                }
-                "startTimeUnixNano" => {
-                    once(&mut seen, 1 << 7)?;
-                    out.start_time_unix_nano = parser.string_or_integer()?;
-                }
-                "endTimeUnixNano" => {
-                    once(&mut seen, 1 << 8)?;
-                    out.end_time_unix_nano = parser.string_or_integer()?;
-                }
-                "attributes" => {
-                    once(&mut seen, 1 << 9)?;
-                    out.attributes = parser.array(Self::key_value)?;
-                }
-                "droppedAttributesCount" => {
-                    once(&mut seen, 1 << 10)?;
-                    out.dropped_attributes_count = parser.integer()?;
-                }
-                "events" => {
-                    once(&mut seen, 1 << 11)?;
-                    out.events = parser.array(Self::event)?;
-                }
-                "droppedEventsCount" => {
-                    once(&mut seen, 1 << 12)?;
-                    out.dropped_events_count = parser.integer()?;
-                }
-                "links" => {
-                    once(&mut seen, 1 << 13)?;
-                    out.links = parser.array(Self::link)?;
-                }
-                "droppedLinksCount" => {
-                    once(&mut seen, 1 << 14)?;
-                    out.dropped_links_count = parser.integer()?;
-                }
-                "status" => {
-                    once(&mut seen, 1 << 15)?;
-                    out.status = parser.optional(Self::status)?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "traceId" => trace_id: Self::hex_id,
+            "spanId" => span_id: Self::hex_id,
+            "traceState" => trace_state: Self::owned_string,
+            "parentSpanId" => parent_span_id: Self::hex_id,
+            "flags" => flags: Self::integer,
+            "name" => name: Self::owned_string,
+            "kind" => kind: Self::integer,
+            "startTimeUnixNano" => start_time_unix_nano: Self::string_or_integer,
+            "endTimeUnixNano" => end_time_unix_nano: Self::string_or_integer,
+            "attributes" => attributes: |p: &mut Self| p.array(Self::key_value),
+            "droppedAttributesCount" => dropped_attributes_count: Self::integer,
+            "events" => events: |p: &mut Self| p.array(Self::event),
+            "droppedEventsCount" => dropped_events_count: Self::integer,
+            "links" => links: |p: &mut Self| p.array(Self::link),
+            "droppedLinksCount" => dropped_links_count: Self::integer,
+            "status" => status: |p: &mut Self| p.optional(Self::status),
         })?;
         Ok(out)
     }
 
     fn event(&mut self) -> Parsed<span::Event> {
         let mut out = span::Event::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "timeUnixNano" => {
-                    once(&mut seen, 1)?;
-                    out.time_unix_nano = parser.string_or_integer()?;
-                }
-                "name" => {
-                    once(&mut seen, 2)?;
-                    out.name = parser.owned_string()?;
-                }
-                "attributes" => {
-                    once(&mut seen, 4)?;
-                    out.attributes = parser.array(Self::key_value)?;
-                }
-                "droppedAttributesCount" => {
-                    once(&mut seen, 8)?;
-                    out.dropped_attributes_count = parser.integer()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "timeUnixNano" => time_unix_nano: Self::string_or_integer,
+            "name" => name: Self::owned_string,
+            "attributes" => attributes: |p: &mut Self| p.array(Self::key_value),
+            "droppedAttributesCount" => dropped_attributes_count: Self::integer,
         })?;
         Ok(out)
     }
 
     fn link(&mut self) -> Parsed<span::Link> {
         let mut out = span::Link::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "traceId" => {
-                    once(&mut seen, 1)?;
-                    out.trace_id = parser.hex_id()?;
-                }
-                "spanId" => {
-                    once(&mut seen, 2)?;
-                    out.span_id = parser.hex_id()?;
-                }
-                "traceState" => {
-                    once(&mut seen, 4)?;
-                    out.trace_state = parser.owned_string()?;
-                }
-                "attributes" => {
-                    once(&mut seen, 8)?;
-                    out.attributes = parser.array(Self::key_value)?;
-                }
-                "droppedAttributesCount" => {
-                    once(&mut seen, 16)?;
-                    out.dropped_attributes_count = parser.integer()?;
-                }
-                "flags" => {
-                    once(&mut seen, 32)?;
-                    out.flags = parser.integer()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "traceId" => trace_id: Self::hex_id,
+            "spanId" => span_id: Self::hex_id,
+            "traceState" => trace_state: Self::owned_string,
+            "attributes" => attributes: |p: &mut Self| p.array(Self::key_value),
+            "droppedAttributesCount" => dropped_attributes_count: Self::integer,
+            "flags" => flags: Self::integer,
         })?;
         Ok(out)
     }
 
     fn status(&mut self) -> Parsed<Status> {
         let mut out = Status::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "message" => {
-                    once(&mut seen, 1)?;
-                    out.message = parser.owned_string()?;
-                }
-                "code" => {
-                    once(&mut seen, 2)?;
-                    out.code = parser.integer()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        message!(self, out, {
+            "message" => message: Self::owned_string,
+            "code" => code: Self::integer,
         })?;
         Ok(out)
     }
 
     fn key_value(&mut self) -> Parsed<KeyValue> {
         let mut out = KeyValue::default();
-        let mut seen = 0;
-        self.object(|parser, key| {
-            match key {
-                "key" => {
-                    once(&mut seen, 1)?;
-                    out.key = parser.owned_string()?;
-                }
-                "value" => {
-                    once(&mut seen, 2)?;
-                    out.value = parser.optional(Self::any_value)?;
-                }
-                "keyStrindex" => {
-                    once(&mut seen, 4)?;
-                    out.key_strindex = parser.integer()?;
-                }
-                _ => parser.skip()?,
-            }
-            Ok(())
+        let seen = message!(self, out, {
+            "key" => key: Self::owned_string,
+            "value" => value: |p: &mut Self| p.optional(Self::any_value),
+            "keyStrindex" => key_strindex: Self::integer,
         })?;
-        // `key` has no default in the generated types.
+        // `key` (the first field) has no default in the generated types.
         if seen & 1 == 0 {
             return Err(Declined);
         }
