@@ -13,10 +13,9 @@
 //! twice, an `AnyValue` with other than one known key, base64 bytes, entity refs, numbers
 //! where JSON allows them but the reference might read them otherwise (`-0`, fractions for
 //! integers), structs written as arrays, nesting deeper than `MAX_DEPTH`, anything that is
-//! not JSON. `decode` then runs the
-//! reference, so every body gets the reference's result and the reference's error message.
-//! A differential test (below) checks the invariant on generated, hand-written and mutated
-//! bodies.
+//! not JSON. `decode` then runs the reference, so every body gets the reference's result and
+//! the reference's error message. A differential test (below) checks the invariant on
+//! generated, random, hand-written and mutated bodies.
 
 use std::borrow::Cow;
 use std::str::FromStr;
