@@ -95,12 +95,29 @@ macro_rules! message {
     };
 }
 
+/// Each byte's value as a hex digit, any case; `INVALID` for the rest.
+const HEX_DIGITS: [u8; 256] = {
+    let mut table = [INVALID; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        table[byte] = match byte as u8 {
+            digit @ b'0'..=b'9' => digit - b'0',
+            digit @ b'a'..=b'f' => digit - b'a' + 10,
+            digit @ b'A'..=b'F' => digit - b'A' + 10,
+            _ => INVALID,
+        };
+        byte += 1;
+    }
+    table
+};
+
+/// Not a hex digit: the high nibble is set, which no digit's value has.
+const INVALID: u8 = 0xFF;
+
 fn hex_digit(digit: u8) -> Parsed<u8> {
-    match digit {
-        b'0'..=b'9' => Ok(digit - b'0'),
-        b'a'..=b'f' => Ok(digit - b'a' + 10),
-        b'A'..=b'F' => Ok(digit - b'A' + 10),
-        _ => Err(Declined),
+    match HEX_DIGITS[usize::from(digit)] {
+        INVALID => Err(Declined),
+        value => Ok(value),
     }
 }
 
@@ -410,8 +427,18 @@ impl<'a> Parser<'a> {
             return Err(Declined);
         }
         let mut id = Vec::with_capacity(digits.len() / 2);
+        // Checked once at the end: any invalid digit leaves a high nibble in `seen`.
+        let mut seen = 0;
         for pair in digits.chunks_exact(2) {
-            id.push(hex_digit(pair[0])? << 4 | hex_digit(pair[1])?);
+            let (high, low) = (
+                HEX_DIGITS[usize::from(pair[0])],
+                HEX_DIGITS[usize::from(pair[1])],
+            );
+            seen |= high | low;
+            id.push(high << 4 | low);
+        }
+        if seen & 0xF0 != 0 {
+            return Err(Declined);
         }
         Ok(id)
     }
