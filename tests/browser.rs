@@ -175,6 +175,20 @@ async fn wait_for(client: &Client, css: &str) -> fantoccini::elements::Element {
         .unwrap_or_else(|e| panic!("{css} never appeared: {e}"))
 }
 
+/// Waits (up to 30 s) until the page's path and query satisfy `done`, and returns them: a
+/// submitted form's new page, not the old page that had the same elements.
+async fn wait_for_url(client: &Client, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let url = path_and_query(client).await;
+        if done(&url) {
+            return url;
+        }
+        assert!(Instant::now() < deadline, "{what}: still at {url}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Clicks the element a CSS selector finds (panicking with the selector when there is none).
 async fn click(client: &Client, css: &str) {
     client
@@ -322,12 +336,12 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     form.submit().await.unwrap();
+    // The page before the submit has the same table: wait for the new URL, not the table.
+    wait_for_url(&client, "filters live in the URL", |url| {
+        url.contains("service=inventory") && url.contains("outcome=exceeded")
+    })
+    .await;
     wait_for(&client, "table.traces").await;
-    let url = path_and_query(&client).await;
-    assert!(
-        url.contains("service=inventory") && url.contains("outcome=exceeded"),
-        "filters live in the URL: {url}"
-    );
     screenshot(&client, "traces.png").await;
 
     // The waterfall.
