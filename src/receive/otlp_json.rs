@@ -42,15 +42,10 @@ pub fn decode(text: &str) -> Result<ExportTraceServiceRequest, serde_json::Error
 
 /// The fast path alone: the request, or `None` when the body is left to the reference.
 pub fn parse(text: &str) -> Option<ExportTraceServiceRequest> {
-    let mut parser = Parser {
-        text,
-        bytes: text.as_bytes(),
-        pos: 0,
-        depth: 0,
-    };
+    let mut parser = Parser::new(text);
     let request = parser.request().ok()?;
     parser.whitespace();
-    (parser.pos == parser.bytes.len()).then_some(request)
+    (parser.pos == text.len()).then_some(request)
 }
 
 /// The body is left to the reference decoder.
@@ -60,7 +55,6 @@ type Parsed<T> = Result<T, Declined>;
 
 struct Parser<'a> {
     text: &'a str,
-    bytes: &'a [u8],
     pos: usize,
     depth: usize,
 }
@@ -127,10 +121,23 @@ fn special(byte: u8) -> bool {
 }
 
 impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Self {
+        Parser {
+            text,
+            pos: 0,
+            depth: 0,
+        }
+    }
+
+    /// The body's bytes (JSON's structure is ASCII, so it is read byte by byte).
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
     // --- JSON ---
 
     fn whitespace(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.pos) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes().get(self.pos) {
             self.pos += 1;
         }
     }
@@ -138,7 +145,7 @@ impl<'a> Parser<'a> {
     /// The next byte after whitespace, not consumed.
     fn peek(&mut self) -> Option<u8> {
         self.whitespace();
-        self.bytes.get(self.pos).copied()
+        self.bytes().get(self.pos).copied()
     }
 
     fn eat(&mut self, byte: u8) -> Parsed<()> {
@@ -211,7 +218,7 @@ impl<'a> Parser<'a> {
         self.eat(b'"')?;
         let start = self.pos;
         let end = self.plain_run(start);
-        match self.bytes.get(end) {
+        match self.bytes().get(end) {
             Some(b'"') => {
                 self.pos = end + 1;
                 // `start` and `end` are next to ASCII bytes, so on character boundaries.
@@ -239,7 +246,7 @@ impl<'a> Parser<'a> {
         const ONES: u64 = 0x0101_0101_0101_0101;
         const HIGHS: u64 = 0x8080_8080_8080_8080;
         let mut at = from;
-        while let Some(chunk) = self.bytes[at..].first_chunk::<8>() {
+        while let Some(chunk) = self.bytes()[at..].first_chunk::<8>() {
             let chunk = u64::from_le_bytes(*chunk);
             let quote = chunk ^ (ONES * u64::from(b'"'));
             let backslash = chunk ^ (ONES * u64::from(b'\\'));
@@ -252,22 +259,22 @@ impl<'a> Parser<'a> {
             }
             at += 8;
         }
-        self.bytes[at..]
+        self.bytes()[at..]
             .iter()
             .position(|&byte| special(byte))
-            .map_or(self.bytes.len(), |run| at + run)
+            .map_or(self.bytes().len(), |run| at + run)
     }
 
     /// The rest of a string from an escape on, up to and past its closing quote.
     fn escaped(&mut self, out: &mut String) -> Parsed<()> {
         loop {
-            match *self.bytes.get(self.pos).ok_or(Declined)? {
+            match *self.bytes().get(self.pos).ok_or(Declined)? {
                 b'"' => {
                     self.pos += 1;
                     return Ok(());
                 }
                 b'\\' => {
-                    let escape = *self.bytes.get(self.pos + 1).ok_or(Declined)?;
+                    let escape = *self.bytes().get(self.pos + 1).ok_or(Declined)?;
                     self.pos += 2;
                     out.push(match escape {
                         b'"' => '"',
@@ -299,7 +306,7 @@ impl<'a> Parser<'a> {
         if !(0xD800..0xDC00).contains(&first) {
             return char::from_u32(first).ok_or(Declined);
         }
-        if self.bytes.get(self.pos..self.pos + 2) != Some(b"\\u") {
+        if self.bytes().get(self.pos..self.pos + 2) != Some(b"\\u") {
             return Err(Declined);
         }
         self.pos += 2;
@@ -311,7 +318,7 @@ impl<'a> Parser<'a> {
     }
 
     fn hex4(&mut self) -> Parsed<u32> {
-        let digits = self.bytes.get(self.pos..self.pos + 4).ok_or(Declined)?;
+        let digits = self.bytes().get(self.pos..self.pos + 4).ok_or(Declined)?;
         let mut value = 0;
         for &digit in digits {
             value = value * 16 + u32::from(hex_digit(digit)?);
@@ -326,7 +333,7 @@ impl<'a> Parser<'a> {
         let start = self.pos;
         let digits = |parser: &mut Self| -> Parsed<()> {
             let from = parser.pos;
-            while let Some(b'0'..=b'9') = parser.bytes.get(parser.pos) {
+            while let Some(b'0'..=b'9') = parser.bytes().get(parser.pos) {
                 parser.pos += 1;
             }
             if parser.pos == from {
@@ -334,24 +341,24 @@ impl<'a> Parser<'a> {
             }
             Ok(())
         };
-        if self.bytes.get(self.pos) == Some(&b'-') {
+        if self.bytes().get(self.pos) == Some(&b'-') {
             self.pos += 1;
         }
-        match self.bytes.get(self.pos) {
+        match self.bytes().get(self.pos) {
             Some(b'0') => self.pos += 1,
             Some(b'1'..=b'9') => digits(self)?,
             _ => return Err(Declined),
         }
         let mut integer = true;
-        if self.bytes.get(self.pos) == Some(&b'.') {
+        if self.bytes().get(self.pos) == Some(&b'.') {
             integer = false;
             self.pos += 1;
             digits(self)?;
         }
-        if let Some(b'e' | b'E') = self.bytes.get(self.pos) {
+        if let Some(b'e' | b'E') = self.bytes().get(self.pos) {
             integer = false;
             self.pos += 1;
-            if let Some(b'+' | b'-') = self.bytes.get(self.pos) {
+            if let Some(b'+' | b'-') = self.bytes().get(self.pos) {
                 self.pos += 1;
             }
             digits(self)?;
@@ -379,7 +386,7 @@ impl<'a> Parser<'a> {
 
     fn literal(&mut self, word: &[u8]) -> Parsed<()> {
         self.whitespace();
-        if self.bytes.get(self.pos..self.pos + word.len()) != Some(word) {
+        if self.bytes().get(self.pos..self.pos + word.len()) != Some(word) {
             return Err(Declined);
         }
         self.pos += word.len();
@@ -798,12 +805,7 @@ mod tests {
                     _ => char::from(rng.random_range(0x20..0x7fu8)),
                 })
                 .collect();
-            let parser = Parser {
-                text: &text,
-                bytes: text.as_bytes(),
-                pos: 0,
-                depth: 0,
-            };
+            let parser = Parser::new(&text);
             for from in 0..=text.len() {
                 let expected = text.as_bytes()[from..]
                     .iter()
