@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
@@ -386,7 +386,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
         };
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+        let now = store::now_unix_nano() as u64;
         let spans: Vec<_> = prepared
             .iter()
             .flat_map(|p| normalize(p.request.clone(), &options, now).spans)
@@ -404,12 +404,9 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
                 .await?;
             rates.push(rows.len() as f64 / started.elapsed().as_secs_f64());
         }
-        rates.sort_by(f64::total_cmp);
-        let insert_rate = rates[rates.len() / 2];
+        let (insert_rate, slowest, fastest) = median_and_range(rates);
         println!(
-            "| raw ceiling: same rows, store INSERT, 10k rows/transaction, median of {runs} | {insert_rate:.0} spans/s ({:.0}–{:.0}) |",
-            rates[0],
-            rates[rates.len() - 1]
+            "| raw ceiling: same rows, store INSERT, 10k rows/transaction, median of {runs} | {insert_rate:.0} spans/s ({slowest:.0}–{fastest:.0}) |"
         );
         println!(
             "| end to end / raw INSERT ceiling | {:.2} |",
@@ -857,6 +854,16 @@ impl ChildServer {
     }
 }
 
+/// The median of `values` (the upper one of an even count), with the least and the most.
+fn median_and_range(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
 /// User + system CPU seconds from a `/proc/…/stat` line (fields 14 and 15, in USER_HZ = 100).
 fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
     let after_name = &stat[stat.rfind(')').context("malformed stat")? + 2..];
@@ -910,10 +917,7 @@ pub fn generate_over(
         "shipping",
     ];
     let mut rng = rand::rng();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let now = store::now_unix_nano() as u64;
     let mut spans: Vec<(usize, Span)> = Vec::with_capacity(total_spans);
     while spans.len() < total_spans {
         let trace_id: [u8; 16] = rng.random();
@@ -1084,12 +1088,19 @@ fn kv_double(key: &str, value: f64) -> KeyValue {
 }
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
-/// body before handing rows to the writer (`lenient::decode_request` for protobuf,
-/// `otlp_json::decode` for JSON, then `receive::prepare`, and freeing it
-/// all, as the server does), against the least any receiver does: decoding the body with
-/// the generated OTLP types (prost, or their serde implementation for JSON).
+/// body before handing rows to the writer (the HTTP receiver's `decode`: for protobuf
+/// `lenient::decode_request`, as gRPC too, for JSON `otlp_json::decode`; then
+/// `receive::prepare`, and freeing it all, as the server does), against the least any
+/// receiver does: decoding the body with the generated OTLP types (prost, or their serde
+/// implementation for JSON).
 fn receive_bench(bench: &ReceiveBench) {
-    use crate::receive::{http::LOSSY_UTF8_WARNING, lenient::decode_request, otlp_json, prepare};
+    use crate::receive::http::{Format, LOSSY_UTF8_WARNING, decode};
+    use crate::receive::{otlp_json, prepare};
+    let format = if bench.json {
+        Format::Json
+    } else {
+        Format::Protobuf
+    };
     let batch = bench.batch.max(1);
     eprintln!("generating {} spans in requests of {batch}…", bench.spans);
     // As the receivers get a body: tonic's buffer or axum's, as `Bytes`.
@@ -1121,12 +1132,7 @@ fn receive_bench(bench: &ReceiveBench) {
         std::str::from_utf8(body).expect("JSON bodies are UTF-8")
     }
     let ours = |body: &Bytes| {
-        let (request, repaired) = if bench.json {
-            let request = otlp_json::decode(text(body)).expect("generated requests decode");
-            (request, false)
-        } else {
-            decode_request(body.clone()).expect("generated requests decode")
-        };
+        let (request, repaired) = decode(body.clone(), format).expect("generated requests decode");
         std::hint::black_box(prepare(
             request,
             &options,
@@ -1156,12 +1162,8 @@ fn receive_bench(bench: &ReceiveBench) {
             decode_ns.push(ns_per_span(&decode_alone));
         }
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[0], v[v.len() - 1])
-    };
-    let (ours_median, ours_min, ours_max) = median(ours_ns);
-    let (base_median, base_min, base_max) = median(baseline_ns);
+    let (ours_median, ours_min, ours_max) = median_and_range(ours_ns);
+    let (base_median, base_min, base_max) = median_and_range(baseline_ns);
     println!(
         "## receive: {}, {batch} spans/request, {} spans per round, median of {} rounds (min–max)",
         if bench.json { "OTLP/JSON" } else { "protobuf" },
@@ -1180,7 +1182,7 @@ fn receive_bench(bench: &ReceiveBench) {
         ours_median / base_median
     );
     if bench.json {
-        let (decode_median, decode_min, decode_max) = median(decode_ns);
+        let (decode_median, decode_min, decode_max) = median_and_range(decode_ns);
         println!(
             "| budgetscope's OTLP/JSON decoder (`otlp_json::decode`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
         );
@@ -1208,15 +1210,15 @@ fn analyze_bench(bench: &AnalyzeBench) {
         let spans = large_trace(size);
         let runs = bench.repeats.max(1);
         let time = |f: &dyn Fn()| {
-            let mut times: Vec<f64> = (0..runs)
-                .map(|_| {
-                    let started = Instant::now();
-                    f();
-                    started.elapsed().as_secs_f64() * 1e3
-                })
-                .collect();
-            times.sort_by(f64::total_cmp);
-            (times[times.len() / 2], times[0], times[times.len() - 1])
+            median_and_range(
+                (0..runs)
+                    .map(|_| {
+                        let started = Instant::now();
+                        f();
+                        started.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect(),
+            )
         };
         let analysis = analyze(&spans, &options);
         let flags: usize = analysis.flag_counts.values().sum();
@@ -1254,10 +1256,7 @@ pub fn large_trace(size: usize) -> Vec<crate::model::Span> {
         AttrValue, Budget, Scope, Span as ModelSpan, SpanId, SpanKind, Status, StatusCode, TraceId,
     };
     let mut rng = rand::rng();
-    let base = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let base = store::now_unix_nano() as u64;
     let resource = Arc::new(vec![(
         "service.name".to_string(),
         AttrValue::String("svc".into()),
@@ -1385,7 +1384,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let mut written = 0usize;
     while written < bench.spans {
         let chunk = (bench.spans - written).min(100_000);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+        let now = store::now_unix_nano() as u64;
         let spans: Vec<_> = generate_over(chunk, 512, day, 0.0)
             .into_iter()
             .flat_map(|r| normalize(r, &options, now).spans)
@@ -1545,7 +1544,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     }
     let (p50, p95, p99) = percentiles(page_times);
     println!("| page /traces/{{id}} (100-span trace) | {p50:.2} | {p95:.2} | {p99:.2} |");
-    let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+    let now = store::now_unix_nano() as u64;
     let mut raw_times = Vec::new();
     let scanner = databases.raw_scanner(&url).await?;
     for _ in 0..5 {
@@ -1645,10 +1644,7 @@ mod tests {
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64;
+        let now = store::now_unix_nano() as u64;
         let spans: Vec<_> = requests
             .into_iter()
             .flat_map(|r| normalize(r, &options, now).spans)

@@ -277,7 +277,10 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
 }
 
 /// Decodes the body; `true` when text had to be repaired into valid UTF-8.
-fn decode(body: Bytes, format: Format) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
+pub(crate) fn decode(
+    body: Bytes,
+    format: Format,
+) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
     let bad = |message: String| {
         OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
     };

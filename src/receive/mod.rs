@@ -11,7 +11,7 @@ pub mod lenient;
 pub mod otlp_json;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -84,11 +84,12 @@ impl Receiver {
         let admission = self.ingestor.admit(span_count)?;
         let options = self.options.clone();
         let work = move || {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            prepare(request, &options, now, warning)
+            prepare(
+                request,
+                &options,
+                crate::store::now_unix_nano() as u64,
+                warning,
+            )
         };
         let (batch, accepted) = if span_count <= INLINE_SPANS {
             work()
