@@ -180,8 +180,10 @@ async fn export_inner(
             ));
         }
     };
-    // Decompressing and decoding are CPU work: keep them off the async workers.
-    let (request, lossy) = tokio::task::spawn_blocking(move || {
+    // Decompressing, decoding, normalising and encoding are CPU work: one task on the
+    // blocking pool, off the async workers, on one thread from body to rows.
+    let receiver = state.receiver.clone();
+    let prepared = tokio::task::spawn_blocking(move || {
         let body: Bytes = if gzip {
             let mut out = Vec::new();
             flate2::read::MultiGzDecoder::new(&raw[..])
@@ -202,7 +204,8 @@ async fn export_inner(
         } else {
             raw
         };
-        decode(body, format)
+        let (request, lossy) = decode(body, format)?;
+        Ok(receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING)))
     })
     .await
     .map_err(|_| {
@@ -213,20 +216,20 @@ async fn export_inner(
             "decoding was interrupted; retry",
         )
     })??;
-    let accepted = state
-        .receiver
-        .export(request, lossy.then_some(LOSSY_UTF8_WARNING))
-        .await
-        .map_err(|error| {
-            let mut refusal = OtlpHttpError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                UNAVAILABLE,
-                format,
-                refusal_message(&error),
-            );
-            refusal.retry_after = true;
-            refusal
-        })?;
+    let accepted = match prepared {
+        Ok(prepared) => state.receiver.commit(prepared).await,
+        Err(refused) => Err(refused),
+    }
+    .map_err(|error| {
+        let mut refusal = OtlpHttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            UNAVAILABLE,
+            format,
+            refusal_message(&error),
+        );
+        refusal.retry_after = true;
+        refusal
+    })?;
     Ok((format, accepted))
 }
 

@@ -1,7 +1,8 @@
 //! OTLP receivers: gRPC (`grpc.rs`) and HTTP (`http.rs`) decode their transport and hand
-//! the request to `Receiver::export`, the one ingest function both share.
+//! the request to `Receiver`, the one ingest path both share: `Receiver::export` (gRPC), or
+//! `Receiver::prepare` in the task that decoded the body, then `Receiver::commit` (HTTP).
 //!
-//! Architecture invariant: a receiver answers success only after `Ingestor::submit`
+//! Architecture invariant: a receiver answers success only after `Ingestor::commit`
 //! returned, i.e. after the spans were committed. Each failure maps to the status the
 //! OTLP specification gives it, so exporters retry exactly the retryable ones.
 
@@ -17,7 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 
-use crate::ingest::{IngestError, Ingestor};
+use crate::ingest::{Admission, IngestError, Ingestor};
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::EncodedBatch;
 
@@ -52,16 +53,12 @@ impl Accepted {
 
 pub struct Receiver {
     ingestor: Arc<Ingestor>,
-    /// Shared with the blocking task of each request, not copied per request.
-    options: Arc<NormalizeOptions>,
+    options: NormalizeOptions,
 }
 
 impl Receiver {
     pub fn new(ingestor: Arc<Ingestor>, options: NormalizeOptions) -> Arc<Receiver> {
-        Arc::new(Receiver {
-            ingestor,
-            options: Arc::new(options),
-        })
+        Arc::new(Receiver { ingestor, options })
     }
 
     /// Normalises, validates and commits one export request. `warning`, when given, is a
@@ -70,38 +67,59 @@ impl Receiver {
     /// Admission is checked before any work; normalising and encoding run on the blocking
     /// pool for requests of more than `INLINE_SPANS` spans, so the async workers stay free.
     pub async fn export(
-        &self,
+        self: &Arc<Self>,
         request: ExportTraceServiceRequest,
         warning: Option<&'static str>,
     ) -> Result<Accepted, IngestError> {
+        let prepared = if span_count(&request) <= INLINE_SPANS {
+            self.prepare(request, warning)
+        } else {
+            let receiver = self.clone();
+            tokio::task::spawn_blocking(move || receiver.prepare(request, warning))
+                .await
+                .map_err(|_| IngestError::Unavailable)?
+        };
+        self.commit(prepared?).await
+    }
+
+    /// The part of `export` before the writer, on the calling thread: admission, then the
+    /// request's CPU work (`prepare`). For a receiver that decodes on the blocking pool,
+    /// so that decoding and this work run in one task on one thread.
+    pub fn prepare(
+        &self,
+        request: ExportTraceServiceRequest,
+        warning: Option<&'static str>,
+    ) -> Result<Prepared, IngestError> {
         let span_count = span_count(&request);
         if span_count == 0 {
+            return Ok(Prepared(None));
+        }
+        let admission = self.ingestor.admit(span_count)?;
+        let (batch, accepted) = prepare(
+            request,
+            &self.options,
+            crate::store::now_unix_nano() as u64,
+            warning,
+        );
+        Ok(Prepared(Some((admission, batch, accepted))))
+    }
+
+    /// The rest of `export`: waits until the prepared spans are committed.
+    pub async fn commit(&self, prepared: Prepared) -> Result<Accepted, IngestError> {
+        let Prepared(Some((admission, batch, accepted))) = prepared else {
             return Ok(Accepted {
                 rejected: 0,
                 error_message: String::new(),
             });
-        }
-        let admission = self.ingestor.admit(span_count)?;
-        let options = self.options.clone();
-        let work = move || {
-            prepare(
-                request,
-                &options,
-                crate::store::now_unix_nano() as u64,
-                warning,
-            )
-        };
-        let (batch, accepted) = if span_count <= INLINE_SPANS {
-            work()
-        } else {
-            tokio::task::spawn_blocking(work)
-                .await
-                .map_err(|_| IngestError::Unavailable)?
         };
         self.ingestor.commit(admission, batch).await?;
         Ok(accepted)
     }
 }
+
+/// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (nothing
+/// when the request held no spans).
+pub struct Prepared(Option<(Admission, EncodedBatch, Accepted)>);
 
 /// A request's CPU work before the writer: normalises and validates its spans and encodes
 /// the valid ones into rows. `warning` goes on every span (see `Receiver::export`).
