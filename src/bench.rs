@@ -680,7 +680,9 @@ impl BenchDatabases {
         Ok(if self.is_postgres() {
             RawScanner::Postgres(store::postgres::PostgresStore::connect(url).await?)
         } else {
-            RawScanner::Sqlite(store::sqlite::SqliteStore::connect(url).await?)
+            RawScanner::Sqlite(Box::new(
+                store::sqlite::SqliteStore::connect(url).await?,
+            ))
         })
     }
 
@@ -703,7 +705,8 @@ impl BenchDatabases {
 
 /// The raw-scan baseline's own connection to the benchmark database.
 enum RawScanner {
-    Sqlite(store::sqlite::SqliteStore),
+    /// Boxed: a SQLite store is ten times the size of a Postgres one.
+    Sqlite(Box<store::sqlite::SqliteStore>),
     Postgres(store::postgres::PostgresStore),
 }
 
