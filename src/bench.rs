@@ -680,9 +680,7 @@ impl BenchDatabases {
         Ok(if self.is_postgres() {
             RawScanner::Postgres(store::postgres::PostgresStore::connect(url).await?)
         } else {
-            RawScanner::Sqlite(Box::new(
-                store::sqlite::SqliteStore::connect(url).await?,
-            ))
+            RawScanner::Sqlite(Box::new(store::sqlite::SqliteStore::connect(url).await?))
         })
     }
 
