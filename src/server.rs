@@ -25,13 +25,13 @@ use crate::web::{self, AppState};
 
 /// The HTTP/2 flow-control window of each OTLP/gRPC connection: how much an exporter may
 /// have sent on it, over all its requests, before it must wait for the server to
-/// acknowledge what it read. At hyper's default of 1 MiB, gRPC 512 × 8 committed 175.1k
-/// spans/s and gRPC 100 × 8 136.9k; at 16 MiB 195.3k and 185.1k (4 of 4 interleaved pairs
-/// each; BENCHMARKS.md). The per-request (stream) window made no difference at 4 MiB
-/// against hyper's 1 MiB, even for 1 MiB requests, and stays at the default. 16 MiB is where
-/// gRPC's Go server, behind the OpenTelemetry Collector and Jaeger, stops growing its
-/// windows. It bounds no memory of ours: the server reads each request whole (up to
-/// `--max-request-bytes`) before decoding it anyway.
+/// acknowledge what it read. Against hyper's default of 1 MiB, with TCP_NODELAY on both:
+/// gRPC 512 × 8, 5 interleaved pairs, 205.7k → 213.2k spans/s (4 of 5) and 8 % less server
+/// CPU; gRPC 100 × 8 unchanged (BENCHMARKS.md). The per-request (stream) window made no
+/// difference at 4 MiB against hyper's 1 MiB, even for 1 MiB requests, and stays at the
+/// default. 16 MiB is where gRPC's Go server, behind the OpenTelemetry Collector and
+/// Jaeger, stops growing its windows. It bounds no memory of ours: the server reads each
+/// request whole (up to `--max-request-bytes`) before decoding it anyway.
 const GRPC_CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Spans deleted per retention transaction, so deletes never hold the writer for long.
@@ -108,8 +108,9 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 .serve_with_incoming_shutdown(
                     // TCP_NODELAY, as tonic's own `serve` sets it (`serve_with_incoming`
                     // leaves sockets as they are): without it a small frame, such as a
-                    // flow-control update, can wait for the exporter's delayed ACK; gRPC
-                    // 100 × 8 export p99 14–17 ms → 9–14 ms (BENCHMARKS.md).
+                    // flow-control update, can wait for the exporter's delayed ACK (40 ms):
+                    // 4 interleaved pairs each, gRPC 100 × 8 131.3k → 189.8k spans/s with
+                    // export p99 44 → 11–14 ms, gRPC 512 × 8 185.6k → 224.2k (BENCHMARKS.md).
                     tonic::transport::server::TcpIncoming::from(grpc_listener)
                         .with_nodelay(Some(true)),
                     stop.cancelled_owned(),
