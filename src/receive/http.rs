@@ -216,11 +216,8 @@ async fn export_inner(
             "decoding was interrupted; retry",
         )
     })??;
-    let accepted = match prepared {
-        Ok(prepared) => state.receiver.commit(prepared).await,
-        Err(refused) => Err(refused),
-    }
-    .map_err(|error| {
+    // A refusal before or after the writer: the store cannot take the spans now.
+    let refused = |error: crate::ingest::IngestError| {
         let mut refusal = OtlpHttpError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             UNAVAILABLE,
@@ -229,7 +226,12 @@ async fn export_inner(
         );
         refusal.retry_after = true;
         refusal
-    })?;
+    };
+    let accepted = state
+        .receiver
+        .commit(prepared.map_err(refused)?)
+        .await
+        .map_err(refused)?;
     Ok((format, accepted))
 }
 
