@@ -229,6 +229,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let acked = Arc::new(AtomicU64::new(0));
     let refusals = Arc::new(AtomicU64::new(0));
     let cpu_before = server.cpu_seconds()?;
+    let sender_cpu_before = own_cpu_seconds()?;
     let threads_before = server.thread_cpu_seconds()?;
     let started = Instant::now();
     let mut senders = Vec::new();
@@ -297,6 +298,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     }
     let elapsed = started.elapsed();
     let cpu = server.cpu_seconds()? - cpu_before;
+    let sender_cpu = own_cpu_seconds()? - sender_cpu_before;
     let cpu_by_thread = cpu_by_thread_name(&threads_before, &server.thread_cpu_seconds()?);
     let peak_rss = server.peak_rss_bytes()?;
     let peak_anon = peak_anon.max(server.anon_rss_bytes()?);
@@ -358,6 +360,12 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     println!(
         "| server CPU | {cpu:.2} s ({:.0}% of one core) |",
         100.0 * cpu / elapsed.as_secs_f64()
+    );
+    // The senders share the machine with the server: on two cores, what they use is not
+    // there for the server, unlike an exporter on another host.
+    println!(
+        "| senders' CPU (this process, pre-encoded requests) | {sender_cpu:.2} s ({:.0}% of one core) |",
+        100.0 * sender_cpu / elapsed.as_secs_f64()
     );
     println!(
         "| server CPU by thread name (threads that exited are missing) | {} |",
@@ -862,6 +870,14 @@ fn median_and_range(mut values: Vec<f64>) -> (f64, f64, f64) {
         values[values.len() / 2],
         values[0],
         values[values.len() - 1],
+    )
+}
+
+/// User + system CPU seconds this process has used.
+fn own_cpu_seconds() -> anyhow::Result<f64> {
+    stat_cpu_seconds(
+        &std::fs::read_to_string("/proc/self/stat")
+            .context("cannot read /proc/self/stat (Linux only)")?,
     )
 }
 
