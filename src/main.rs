@@ -6,11 +6,12 @@ use budgetscope::config::{Cli, Command};
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
-/// jemalloc instead of glibc's malloc. Ingest allocates and frees many small strings per
-/// span on one thread and frees whole batches on another; with glibc, `malloc`, `free` and
-/// `malloc_consolidate` were over a third of the request side's time. jemalloc used 10–20 %
-/// less server CPU and committed 6–22 % more spans/s in every ingest configuration, for
-/// 5–9 MiB more peak RSS (BENCHMARKS.md, "jemalloc"). SQLite keeps glibc's allocator.
+/// jemalloc instead of glibc's malloc. Ingest allocates many small strings per span on one
+/// thread and frees whole batches on another (`ingest.rs`); with glibc, `malloc`, `free`
+/// and `malloc_consolidate` were nearly half of the request threads' time. jemalloc used
+/// 10–20 % less server CPU and committed 6–22 % more spans/s in every ingest configuration,
+/// and peak RSS at 10k spans/s stayed within its run-to-run spread (BENCHMARKS.md,
+/// "jemalloc"). SQLite keeps calling glibc's allocator.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
