@@ -231,6 +231,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let cpu_before = server.cpu_seconds()?;
     let sender_cpu_before = own_cpu_seconds()?;
     let threads_before = server.thread_cpu_seconds()?;
+    let writer_before = server.writer_schedstat();
     let started = Instant::now();
     let mut senders = Vec::new();
     for _ in 0..bench.concurrency {
@@ -300,6 +301,13 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let cpu = server.cpu_seconds()? - cpu_before;
     let sender_cpu = own_cpu_seconds()? - sender_cpu_before;
     let cpu_by_thread = cpu_by_thread_name(&threads_before, &server.thread_cpu_seconds()?);
+    let writer_times = writer_before.zip(server.writer_schedstat()).map(
+        |((ran_before, waited_before), (ran, waited))| {
+            let share = |ns: u64| ns as f64 / 1e9 / elapsed.as_secs_f64();
+            let (ran, waited) = (share(ran - ran_before), share(waited - waited_before));
+            (ran, waited, (1.0 - ran - waited).max(0.0))
+        },
+    );
     let peak_rss = server.peak_rss_bytes()?;
     let peak_anon = peak_anon.max(server.anon_rss_bytes()?);
     server.stop().await?;
@@ -375,6 +383,16 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // Whether the single writer, which bounds ingest, ran, waited for a CPU (the other
+    // threads and processes had them) or waited for work (BENCHMARKS.md).
+    if let Some((ran, waited, idle)) = writer_times {
+        println!(
+            "| ingest writer: on a CPU / runnable, waiting for one / asleep (share of wall time) | {:.0}% / {:.0}% / {:.0}% |",
+            100.0 * ran,
+            100.0 * waited,
+            100.0 * idle
+        );
+    }
     println!(
         "| server peak RSS (VmHWM) | {:.1} MiB |",
         peak_rss as f64 / 1048576.0
@@ -819,6 +837,20 @@ impl ChildServer {
             threads.insert(tid, (name.trim().to_string(), stat_cpu_seconds(&stat)?));
         }
         Ok(threads)
+    }
+
+    /// The ingest writer thread's scheduler times so far (`/proc/PID/task/TID/schedstat`):
+    /// nanoseconds on a CPU and runnable but waiting for one. `None` when the thread is not
+    /// found or the kernel keeps no such statistics.
+    fn writer_schedstat(&self) -> Option<(u64, u64)> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
+        let writer = tasks.flatten().find(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| name.trim() == "ingest-writer")
+        })?;
+        let schedstat = std::fs::read_to_string(writer.path().join("schedstat")).ok()?;
+        let mut fields = schedstat.split_whitespace().map(str::parse::<u64>);
+        Some((fields.next()?.ok()?, fields.next()?.ok()?))
     }
 
     fn status_kib(&self, key: &str) -> anyhow::Result<u64> {

@@ -175,6 +175,9 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
         );
         // A run this small may not last one clock tick per thread: the row, not its values.
         assert!(stdout.contains("| server CPU by thread name"), "{stdout}");
+        assert!(stdout.contains("| senders' CPU"), "{stdout}");
+        // Linux keeps per-thread scheduler statistics (schedstat) on the machines CI runs on.
+        assert!(stdout.contains("| ingest writer: on a CPU"), "{stdout}");
         assert!(
             stderr.contains("generating 600 spans"),
             "progress is shown: {stderr}"
