@@ -304,7 +304,10 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let writer_times = writer_before.zip(server.writer_schedstat()).map(
         |((ran_before, waited_before), (ran, waited))| {
             let share = |ns: u64| ns as f64 / 1e9 / elapsed.as_secs_f64();
-            let (ran, waited) = (share(ran - ran_before), share(waited - waited_before));
+            let (ran, waited) = (
+                share(ran.saturating_sub(ran_before)),
+                share(waited.saturating_sub(waited_before)),
+            );
             (ran, waited, (1.0 - ran - waited).max(0.0))
         },
     );
