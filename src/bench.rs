@@ -822,22 +822,32 @@ impl ChildServer {
         stat_cpu_seconds(&self.proc_file("stat")?)
     }
 
-    /// CPU seconds of each live thread, by thread id, with the thread's name.
-    fn thread_cpu_seconds(&self) -> anyhow::Result<HashMap<u32, (String, f64)>> {
-        let mut threads = HashMap::new();
+    /// Each live thread: its id, its name and its `/proc/PID/task/TID` directory. A thread
+    /// that exits between listing and reading its name is left out.
+    fn threads(&self) -> anyhow::Result<Vec<(u32, String, PathBuf)>> {
+        let mut threads = Vec::new();
         for entry in std::fs::read_dir(format!("/proc/{}/task", self.pid))? {
             let entry = entry?;
             let Ok(tid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
-            // A thread may exit between listing and reading: skip it.
-            let (Ok(stat), Ok(name)) = (
-                std::fs::read_to_string(entry.path().join("stat")),
-                std::fs::read_to_string(entry.path().join("comm")),
-            ) else {
+            let Ok(name) = std::fs::read_to_string(entry.path().join("comm")) else {
                 continue;
             };
-            threads.insert(tid, (name.trim().to_string(), stat_cpu_seconds(&stat)?));
+            threads.push((tid, name.trim().to_string(), entry.path()));
+        }
+        Ok(threads)
+    }
+
+    /// CPU seconds of each live thread, by thread id, with the thread's name.
+    fn thread_cpu_seconds(&self) -> anyhow::Result<HashMap<u32, (String, f64)>> {
+        let mut threads = HashMap::new();
+        for (tid, name, dir) in self.threads()? {
+            // A thread may exit between listing and reading: skip it.
+            let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+                continue;
+            };
+            threads.insert(tid, (name, stat_cpu_seconds(&stat)?));
         }
         Ok(threads)
     }
@@ -846,12 +856,12 @@ impl ChildServer {
     /// nanoseconds on a CPU and runnable but waiting for one. `None` when the thread is not
     /// found or the kernel keeps no such statistics.
     fn writer_schedstat(&self) -> Option<(u64, u64)> {
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid)).ok()?;
-        let writer = tasks.flatten().find(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim() == "ingest-writer")
-        })?;
-        let schedstat = std::fs::read_to_string(writer.path().join("schedstat")).ok()?;
+        let (_, _, dir) = self
+            .threads()
+            .ok()?
+            .into_iter()
+            .find(|(_, name, _)| name == "ingest-writer")?;
+        let schedstat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
         let mut fields = schedstat.split_whitespace().map(str::parse::<u64>);
         Some((fields.next()?.ok()?, fields.next()?.ok()?))
     }
