@@ -522,6 +522,50 @@ async fn passive_checkpoint<'c>(
         .await
 }
 
+/// Frames a checkpointer pass may leave uncopied, or copy without flushing them, before it
+/// asks the writer for a WAL reset: what the writer's own checkpoint then copies and flushes.
+const RESET_LEFT_FRAMES: i64 = 256;
+
+/// Flush-and-copy rounds `flush_for_reset` runs at most.
+const RESET_FLUSH_ROUNDS: usize = 2;
+
+/// Flushes the database file before the checkpointer asks for a WAL reset. The writer's
+/// checkpoint ends with an fsync of the file (the WAL must not start over before what it
+/// held is on disk), and the writer waits for it between two transactions: unflushed, it
+/// held every page the passes since the last reset had copied (33–47 ms per reset by
+/// strace when `6045819` moved this flush here). `copied` is the frames copied as of the
+/// checkpointer's last pass.
+///
+/// The writer commits while the file is flushed, so a pass after the flush copies those
+/// frames, and a second flush follows when that pass copied more than `RESET_LEFT_FRAMES`.
+/// With one flush only, the writer's checkpoint was left with everything committed during
+/// it to copy and flush: 114–320 ms per reset (median 207) on session 11's slower disk,
+/// against 72–248 ms (median 118) with more rounds (BENCHMARKS.md). Four rounds did no
+/// better than two: each pass copies what the writer committed during the flush before it.
+async fn flush_for_reset(
+    database: &std::path::Path,
+    conn: &mut sqlx::SqliteConnection,
+    mut copied: i64,
+) {
+    for _ in 0..RESET_FLUSH_ROUNDS {
+        let file = database.to_owned();
+        let synced = tokio::task::spawn_blocking(move || {
+            std::fs::File::open(file).and_then(|file| file.sync_data())
+        })
+        .await;
+        if let Ok(Err(error)) = synced {
+            tracing::warn!(%error, "could not flush the database file before a WAL reset");
+            return;
+        }
+        match passive_checkpoint(&mut *conn).await {
+            Ok((_, _, now_copied)) if now_copied - copied > RESET_LEFT_FRAMES => {
+                copied = now_copied;
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
 /// PASSIVE checkpoint, which never blocks the writer or readers. The writer's own
 /// auto-checkpoint is off, so commits never pay for this work.
@@ -555,28 +599,22 @@ async fn start_checkpointer(
                 // Under steady writes a passive checkpoint never catches up with the last
                 // frame, so SQLite never starts the WAL over and it would grow without
                 // bound. The writer resets it between two transactions (`reset_wal_if_due`).
-                Ok((_, wal_frames, _)) if wal_frames > WAL_RESET_FRAMES => {
+                Ok((_, wal_frames, copied)) if wal_frames > WAL_RESET_FRAMES => {
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
+                    let mut copied = copied;
                     for _ in 0..3 {
                         match passive_checkpoint(&mut conn).await {
-                            Ok((_, frames, copied)) if frames - copied > 256 => continue,
-                            _ => break,
+                            Ok((_, frames, now_copied)) => {
+                                copied = now_copied;
+                                if frames - now_copied <= RESET_LEFT_FRAMES {
+                                    break;
+                                }
+                            }
+                            Err(_) => break,
                         }
                     }
-                    // The writer's checkpoint ends with an fsync of the database file (the
-                    // WAL must not start over before what it held is on disk), which flushed
-                    // every page the passes since the last reset had copied: 33–47 ms of
-                    // the writer's time per reset (strace). Flushed here, off its path, that
-                    // fsync is left only the pages the writer copies itself.
-                    let file = database.clone();
-                    let synced = tokio::task::spawn_blocking(move || {
-                        std::fs::File::open(file).and_then(|file| file.sync_data())
-                    })
-                    .await;
-                    if let Ok(Err(error)) = synced {
-                        tracing::warn!(%error, "could not flush the database file before a WAL reset");
-                    }
+                    flush_for_reset(&database, &mut conn, copied).await;
                     // Still set from the pass before: the writer has not begun a transaction
                     // since, so a TRUNCATE here holds nobody off.
                     let writer_idle = wal_reset_due.swap(true, Ordering::AcqRel);
