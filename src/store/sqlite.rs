@@ -540,8 +540,9 @@ const RESET_FLUSH_ROUNDS: usize = 2;
 /// frames, and a second flush follows when that pass copied more than `RESET_LEFT_FRAMES`.
 /// With one flush only, the writer's checkpoint was left with everything committed during
 /// it to copy and flush: 114–320 ms per reset (median 207) on a slower machine's disk,
-/// against 72–248 ms (median 118) with more rounds (BENCHMARKS.md). Four rounds did no
-/// better than two: each pass copies what the writer committed during the flush before it.
+/// against 72–248 ms (median 118) with more rounds (BENCHMARKS.md). Four rounds measured
+/// within the spread of two, and each round lets the WAL grow by what the writer commits
+/// during it, so two are run.
 async fn flush_for_reset(
     database: &std::path::Path,
     conn: &mut sqlx::SqliteConnection,
