@@ -600,10 +600,9 @@ async fn start_checkpointer(
                 // Under steady writes a passive checkpoint never catches up with the last
                 // frame, so SQLite never starts the WAL over and it would grow without
                 // bound. The writer resets it between two transactions (`reset_wal_if_due`).
-                Ok((_, wal_frames, copied)) if wal_frames > WAL_RESET_FRAMES => {
+                Ok((_, wal_frames, mut copied)) if wal_frames > WAL_RESET_FRAMES => {
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
-                    let mut copied = copied;
                     for _ in 0..3 {
                         match passive_checkpoint(&mut conn).await {
                             Ok((_, frames, now_copied)) => {
