@@ -273,6 +273,20 @@ fn file_size(path: &str) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
 
+/// Checks the WAL file's size every 100 ms until it is under `bound` bytes or 10 s have
+/// passed, and returns the last size seen. After a burst the checkpointer (every 500 ms)
+/// flushes the database file before it resets or cuts back the WAL, which on a slow or busy
+/// disk takes seconds.
+async fn wal_size_after_writes(wal: &str, bound: u64) -> u64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut size = file_size(wal);
+    while size >= bound && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        size = file_size(wal);
+    }
+    size
+}
+
 /// A fresh SQLite store and the path of its WAL file (`db` must outlive the store).
 async fn sqlite_store_and_wal() -> (TestDb, Arc<dyn Store>, String) {
     let db = TestDb::sqlite();
@@ -445,15 +459,7 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
             .unwrap();
         peak = peak.max(file_size(&wal));
     }
-    // The checkpointer (every 500 ms) flushes the database file before it resets or cuts
-    // back the WAL, which on a slow or busy disk takes seconds after 120 MB: it has up to
-    // 10 s to bring the file back under the bound.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut after = file_size(&wal);
-    while after >= 80 << 20 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        after = file_size(&wal);
-    }
+    let after = wal_size_after_writes(&wal, 80 << 20).await;
     assert!(
         after < 80 << 20,
         "WAL is {} MiB 10 s after writes stopped (peak {} MiB)",
@@ -486,15 +492,11 @@ async fn sqlite_wal_file_is_cut_back_once_writes_pause() {
         size() >> 20
     );
     let peak = size();
-    for _ in 0..100 {
-        if size() < 1 << 20 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!(
+    let after = wal_size_after_writes(&wal, 1 << 20).await;
+    assert!(
+        after < 1 << 20,
         "the WAL is still {} MiB (peak {} MiB) 10 s after writes stopped",
-        size() >> 20,
+        after >> 20,
         peak >> 20
     );
 }
