@@ -311,6 +311,7 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             (ran, waited, (1.0 - ran - waited).max(0.0))
         },
     );
+    let writer_policy = server.writer_policy();
     let peak_rss = server.peak_rss_bytes()?;
     let peak_anon = peak_anon.max(server.anon_rss_bytes()?);
     server.stop().await?;
@@ -395,6 +396,9 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             100.0 * waited,
             100.0 * idle
         );
+    }
+    if let Some(policy) = writer_policy {
+        println!("| ingest writer's scheduling policy (--writer-priority) | {policy} |");
     }
     println!(
         "| server peak RSS (VmHWM) | {:.1} MiB |",
@@ -852,18 +856,33 @@ impl ChildServer {
         Ok(threads)
     }
 
-    /// The ingest writer thread's scheduler times so far (`/proc/PID/task/TID/schedstat`):
-    /// nanoseconds on a CPU and runnable but waiting for one. `None` when the thread is not
-    /// found or the kernel keeps no such statistics.
-    fn writer_schedstat(&self) -> Option<(u64, u64)> {
+    /// The ingest writer thread's `/proc/PID/task/TID` directory, when it is found.
+    fn writer_dir(&self) -> Option<PathBuf> {
         let (_, _, dir) = self
             .threads()
             .ok()?
             .into_iter()
             .find(|(_, name, _)| name == "ingest-writer")?;
-        let schedstat = std::fs::read_to_string(dir.join("schedstat")).ok()?;
+        Some(dir)
+    }
+
+    /// The ingest writer thread's scheduler times so far (`/proc/PID/task/TID/schedstat`):
+    /// nanoseconds on a CPU and runnable but waiting for one. `None` when the thread is not
+    /// found or the kernel keeps no such statistics.
+    fn writer_schedstat(&self) -> Option<(u64, u64)> {
+        let schedstat = std::fs::read_to_string(self.writer_dir()?.join("schedstat")).ok()?;
         let mut fields = schedstat.split_whitespace().map(str::parse::<u64>);
         Some((fields.next()?.ok()?, fields.next()?.ok()?))
+    }
+
+    /// The ingest writer thread's scheduling policy, named, from its `stat` file.
+    fn writer_policy(&self) -> Option<String> {
+        let stat = std::fs::read_to_string(self.writer_dir()?.join("stat")).ok()?;
+        Some(match crate::ingest::thread_policy(&stat)? {
+            0 => "SCHED_OTHER (normal)".to_string(),
+            2 => "SCHED_RR (realtime)".to_string(),
+            other => format!("policy {other}"),
+        })
     }
 
     fn status_kib(&self, key: &str) -> anyhow::Result<u64> {

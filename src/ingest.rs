@@ -12,7 +12,9 @@
 //!
 //! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
 //! a writer task queued behind request handling left the store idle between transactions
-//! (BENCHMARKS.md, "What moved the numbers").
+//! (BENCHMARKS.md, "What moved the numbers"). That thread asks for realtime scheduling
+//! (`WriterPriority::Realtime`, the default) so that a request thread never holds the core
+//! it needs; where the OS refuses, it runs at normal priority and says so once.
 
 use std::sync::Arc;
 
@@ -34,6 +36,17 @@ pub struct IngestOptions {
     /// SQLite, whose inserts then run on that thread (blocking it, as SQLite does); not for
     /// Postgres, whose pooled sockets are registered with the runtime that opened them.
     pub own_threads: bool,
+    /// How writers on threads of their own are scheduled; tasks keep the runtime's.
+    pub writer_priority: WriterPriority,
+}
+
+/// How the ingest writer thread is scheduled (`--writer-priority`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WriterPriority {
+    /// SCHED_RR at priority 1, where the OS allows it; normal priority where it refuses.
+    Realtime,
+    /// The OS's default scheduling, shared fairly with every other thread.
+    Normal,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -62,10 +75,11 @@ pub struct Ingestor {
     writers: Mutex<Vec<Writer>>,
 }
 
-/// A running writer: a task on the caller's runtime, or an OS thread of its own.
+/// A running writer: a task on the caller's runtime, or an OS thread of its own (with its
+/// OS thread id, on Linux).
 enum Writer {
     Task(JoinHandle<()>),
-    Thread(std::thread::JoinHandle<()>),
+    Thread(std::thread::JoinHandle<()>, Option<i32>),
 }
 
 impl Writer {
@@ -73,9 +87,27 @@ impl Writer {
         if !options.own_threads {
             return Writer::Task(tokio::spawn(run));
         }
+        let priority = options.writer_priority;
+        let (started, thread_id) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ingest-writer".into())
             .spawn(move || {
+                if priority == WriterPriority::Realtime {
+                    match set_realtime_priority() {
+                        Ok(()) => tracing::info!(
+                            "the ingest writer runs at realtime priority (SCHED_RR, 1)"
+                        ),
+                        Err(error) => tracing::info!(
+                            %error,
+                            "the ingest writer runs at normal priority: the OS refused realtime \
+                             scheduling, so on a busy machine with few cores it may wait for a \
+                             core behind request handling; run budgetscope with CAP_SYS_NICE \
+                             (docker: cap_add SYS_NICE) or an RLIMIT_RTPRIO of at least 1, or \
+                             pass --writer-priority normal to skip the attempt"
+                        ),
+                    }
+                }
+                let _ = started.send(current_thread_id());
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -88,13 +120,14 @@ impl Writer {
                 });
             })
             .expect("the OS could not start the ingest writer thread");
-        Writer::Thread(thread)
+        // The thread sends its id before anything else, so this waits microseconds.
+        Writer::Thread(thread, thread_id.recv().ok().flatten())
     }
 
     async fn join(self) {
         let result = match self {
             Writer::Task(task) => task.await.map_err(|e| e.to_string()),
-            Writer::Thread(thread) => tokio::task::spawn_blocking(move || thread.join())
+            Writer::Thread(thread, _) => tokio::task::spawn_blocking(move || thread.join())
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|joined| joined.map_err(|_| "the thread panicked".to_string())),
@@ -103,6 +136,43 @@ impl Writer {
             tracing::error!(%error, "ingest writer failed");
         }
     }
+}
+
+/// Puts the calling thread in SCHED_RR at the lowest realtime priority.
+#[cfg(target_os = "linux")]
+pub fn set_realtime_priority() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
+    match unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn set_realtime_priority() -> std::io::Result<()> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "budgetscope sets realtime scheduling on Linux only",
+    ))
+}
+
+/// The scheduling policy (field 41) of a `/proc/…/stat` line: 0 normal, 1 FIFO, 2 RR.
+pub fn thread_policy(stat: &str) -> Option<u32> {
+    // Fields 3 on follow the command name, which is in parentheses and may hold spaces.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(41 - 3)?.parse().ok()
+}
+
+#[cfg(target_os = "linux")]
+fn current_thread_id() -> Option<i32> {
+    // SAFETY: gettid has no preconditions.
+    Some(unsafe { libc::gettid() })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn current_thread_id() -> Option<i32> {
+    None
 }
 
 impl Ingestor {
@@ -165,6 +235,19 @@ impl Ingestor {
     }
 
     /// Stops accepting, commits everything already queued, and waits for the writers.
+    /// The OS thread ids of the writers that run on threads of their own (Linux only), for
+    /// checking how the OS schedules them.
+    pub async fn writer_thread_ids(&self) -> Vec<i32> {
+        let writers = self.writers.lock().await;
+        writers
+            .iter()
+            .filter_map(|writer| match writer {
+                Writer::Thread(_, id) => *id,
+                Writer::Task(_) => None,
+            })
+            .collect()
+    }
+
     pub async fn shutdown(&self) {
         self.jobs.close();
         let writers = std::mem::take(&mut *self.writers.lock().await);

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
-use crate::ingest::{IngestOptions, Ingestor};
+use crate::ingest::{IngestOptions, Ingestor, WriterPriority};
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
 use crate::store::{self, Store};
@@ -51,7 +51,11 @@ pub struct RunningServer {
     ingestor: Arc<Ingestor>,
 }
 
-pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
+pub fn ingest_options(
+    db: &DbUrl,
+    max_queued_spans: usize,
+    writer_priority: WriterPriority,
+) -> IngestOptions {
     // SQLite takes one writer at a time, on a thread of its own; Postgres commits in
     // parallel from tasks of the main runtime, which owns its sockets.
     let (writers, own_threads) = match db {
@@ -63,6 +67,7 @@ pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
         max_batch_spans: 20_000,
         writers,
         own_threads,
+        writer_priority,
     }
 }
 
@@ -76,7 +81,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     })?;
     let ingestor = Ingestor::start(
         store.clone(),
-        &ingest_options(&config.db, config.max_queued_spans),
+        &ingest_options(&config.db, config.max_queued_spans, config.writer_priority),
     );
     let receiver = Receiver::new(
         ingestor.clone(),

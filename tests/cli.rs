@@ -33,6 +33,7 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         ("--retention", "BUDGETSCOPE_RETENTION"),
         ("--cors-origins", "BUDGETSCOPE_CORS_ORIGINS"),
         ("--max-queued-spans", "BUDGETSCOPE_MAX_QUEUED_SPANS"),
+        ("--writer-priority", "BUDGETSCOPE_WRITER_PRIORITY"),
     ] {
         assert!(
             help.contains(flag) && help.contains(env),
@@ -46,6 +47,7 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         "sqlite://budgetscope.db",
         "7d",
         "20MiB",
+        "realtime",
     ] {
         assert!(help.contains(default), "default {default} missing");
     }
@@ -72,6 +74,15 @@ fn invalid_config_fails_at_start_naming_the_setting() {
     assert!(!output.status.success());
     assert!(
         stderr.contains("invalid --retention (env BUDGETSCOPE_RETENTION) \"forever\""),
+        "{stderr}"
+    );
+    // Choices are checked by clap, whose message names the flag and lists what is valid.
+    let (ok, _, stderr) = run(&["serve", "--writer-priority", "high"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("'high'")
+            && stderr.contains("--writer-priority")
+            && stderr.contains("realtime, normal"),
         "{stderr}"
     );
 }
@@ -178,6 +189,10 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
         assert!(stdout.contains("| senders' CPU"), "{stdout}");
         // Linux keeps per-thread scheduler statistics (schedstat) on the machines CI runs on.
         assert!(stdout.contains("| ingest writer: on a CPU"), "{stdout}");
+        assert!(
+            stdout.contains("| ingest writer's scheduling policy (--writer-priority) | SCHED_"),
+            "{stdout}"
+        );
         assert!(
             stderr.contains("generating 600 spans"),
             "progress is shown: {stderr}"

@@ -360,7 +360,7 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 /// waits for the store and false again once the store has caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
-    use budgetscope::ingest::{IngestOptions, Ingestor};
+    use budgetscope::ingest::{IngestOptions, Ingestor, WriterPriority};
     use budgetscope::store::EncodedBatch;
 
     let db = TestDb::sqlite();
@@ -373,6 +373,7 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
             max_batch_spans: 1,
             writers: 1,
             own_threads: true,
+            writer_priority: WriterPriority::Normal,
         },
     );
     assert!(!ingestor.backlogged(), "nothing submitted yet");
@@ -403,4 +404,63 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
     assert_eq!(second.await.unwrap(), Ok(()));
     assert!(!ingestor.backlogged(), "both jobs committed");
     ingestor.shutdown().await;
+}
+
+#[cfg(target_os = "linux")]
+/// The SQLite writer thread asks for realtime scheduling by default (BENCHMARKS.md: 10–20 %
+/// more spans/s on two cores). Where the OS allows it the thread must have it, and
+/// `--writer-priority normal` must leave it at the default policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_thread_gets_the_scheduling_it_asks_for() {
+    use budgetscope::ingest::{IngestOptions, Ingestor, WriterPriority, thread_policy};
+
+    // A probe thread asks the way the writer does; it is refused without root,
+    // CAP_SYS_NICE or an RLIMIT_RTPRIO, and where the kernel grants realtime no CPU time.
+    let allowed = std::thread::spawn(|| budgetscope::ingest::set_realtime_priority().is_ok())
+        .join()
+        .unwrap();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let capabilities = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|bits| u64::from_str_radix(bits.trim(), 16).ok())
+        .unwrap();
+    let realtime_time = std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .map(|us| us.trim() != "0")
+        .unwrap_or(true);
+    const CAP_SYS_NICE: u32 = 23;
+    if capabilities & (1 << CAP_SYS_NICE) != 0 && realtime_time {
+        assert!(
+            allowed,
+            "this process has CAP_SYS_NICE but was refused SCHED_RR"
+        );
+    } else if !allowed {
+        eprintln!(
+            "realtime scheduling is not permitted here: checking that the writer falls back \
+             to normal priority only"
+        );
+    }
+
+    for (priority, expected) in [
+        (WriterPriority::Realtime, if allowed { 2 } else { 0 }),
+        (WriterPriority::Normal, 0),
+    ] {
+        let db = TestDb::sqlite();
+        let ingestor = Ingestor::start(
+            store::open(&db.url).await.unwrap(),
+            &IngestOptions {
+                max_queued_spans: 100,
+                max_batch_spans: 100,
+                writers: 1,
+                own_threads: true,
+                writer_priority: priority,
+            },
+        );
+        let ids = ingestor.writer_thread_ids().await;
+        assert_eq!(ids.len(), 1, "one writer thread, with its id");
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{}/stat", ids[0])).unwrap();
+        assert!(stat.contains("(ingest-writer)"), "{stat}");
+        assert_eq!(thread_policy(&stat), Some(expected), "{priority:?}: {stat}");
+        ingestor.shutdown().await;
+    }
 }
