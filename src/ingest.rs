@@ -138,12 +138,14 @@ impl Writer {
     }
 }
 
-/// Puts the calling thread in SCHED_RR at the lowest realtime priority.
+/// Puts the calling thread in SCHED_RR at the lowest realtime priority. Threads it starts
+/// (a runtime's blocking pool, a database connection's worker) start at normal priority.
 #[cfg(target_os = "linux")]
 pub fn set_realtime_priority() -> std::io::Result<()> {
     let param = libc::sched_param { sched_priority: 1 };
+    let policy = libc::SCHED_RR | libc::SCHED_RESET_ON_FORK;
     // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
-    match unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) } {
+    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
         0 => Ok(()),
         _ => Err(std::io::Error::last_os_error()),
     }

@@ -414,11 +414,24 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
 async fn the_writer_thread_gets_the_scheduling_it_asks_for() {
     use budgetscope::ingest::{IngestOptions, Ingestor, WriterPriority, thread_policy};
 
+    let own_policy =
+        || thread_policy(&std::fs::read_to_string("/proc/thread-self/stat").unwrap()).unwrap();
     // A probe thread asks the way the writer does; it is refused without root,
     // CAP_SYS_NICE or an RLIMIT_RTPRIO, and where the kernel grants realtime no CPU time.
-    let allowed = std::thread::spawn(|| budgetscope::ingest::set_realtime_priority().is_ok())
-        .join()
-        .unwrap();
+    // Threads it starts must not inherit realtime (the writer's runtime and database
+    // connections start threads that do ordinary work).
+    let (allowed, probe, child) = std::thread::spawn(move || {
+        let allowed = budgetscope::ingest::set_realtime_priority().is_ok();
+        let child = std::thread::spawn(own_policy).join().unwrap();
+        (allowed, own_policy(), child)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(probe, if allowed { 2 } else { 0 }, "the probe's own policy");
+    assert_eq!(
+        child, 0,
+        "a thread started by a realtime thread is at normal priority"
+    );
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let capabilities = status
         .lines()
