@@ -102,8 +102,9 @@ impl Writer {
                             "the ingest writer runs at normal priority: the OS refused realtime \
                              scheduling, so on a busy machine with few cores it may wait for a \
                              core behind request handling; run budgetscope with CAP_SYS_NICE \
-                             (docker: cap_add SYS_NICE) or an RLIMIT_RTPRIO of at least 1, or \
-                             pass --writer-priority normal to skip the attempt"
+                             (docker: --cap-add SYS_NICE) or an RLIMIT_RTPRIO of at least 1 \
+                             (systemd: LimitRTPRIO=1), or pass --writer-priority normal to \
+                             skip the attempt"
                         ),
                     }
                 }
@@ -120,7 +121,8 @@ impl Writer {
                 });
             })
             .expect("the OS could not start the ingest writer thread");
-        // The thread sends its id before anything else, so this waits microseconds.
+        // The thread sends its id once its scheduling is set (so whoever reads the policy
+        // of that id sees the one it keeps): a wait of microseconds.
         Writer::Thread(thread, thread_id.recv().ok().flatten())
     }
 
@@ -236,7 +238,6 @@ impl Ingestor {
         !self.jobs.is_empty()
     }
 
-    /// Stops accepting, commits everything already queued, and waits for the writers.
     /// The OS thread ids of the writers that run on threads of their own (Linux only), for
     /// checking how the OS schedules them.
     pub async fn writer_thread_ids(&self) -> Vec<i32> {
@@ -250,6 +251,7 @@ impl Ingestor {
             .collect()
     }
 
+    /// Stops accepting, commits everything already queued, and waits for the writers.
     pub async fn shutdown(&self) {
         self.jobs.close();
         let writers = std::mem::take(&mut *self.writers.lock().await);

@@ -406,10 +406,10 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
     ingestor.shutdown().await;
 }
 
-#[cfg(target_os = "linux")]
 /// The SQLite writer thread asks for realtime scheduling by default (BENCHMARKS.md: 10–20 %
 /// more spans/s on two cores). Where the OS allows it the thread must have it, and
 /// `--writer-priority normal` must leave it at the default policy.
+#[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_thread_gets_the_scheduling_it_asks_for() {
     use budgetscope::ingest::{IngestOptions, Ingestor, WriterPriority, thread_policy};
