@@ -113,14 +113,16 @@ pub struct ServeArgs {
 
     /// How the SQLite ingest writer thread is scheduled. realtime (SCHED_RR, priority 1)
     /// lets it commit as soon as it has work instead of waiting behind request handling for
-    /// a core: 10–20 % more spans/s on a busy 2-core machine (BENCHMARKS.md). It needs root,
-    /// CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1; refused, the writer runs at normal
-    /// priority and the start-up log says so. Not used with Postgres.
+    /// a core: on a 2-core machine 10–20 % more spans/s in bursts of up to ~10 s, but ~5 %
+    /// fewer when saturated for longer, and it can take a core from co-located services
+    /// (BENCHMARKS.md). It needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1;
+    /// refused, the writer runs at normal priority and the start-up log says so. Not used
+    /// with Postgres.
     #[arg(
         long,
         env = "BUDGETSCOPE_WRITER_PRIORITY",
         value_enum,
-        default_value = "realtime"
+        default_value = "normal"
     )]
     pub writer_priority: WriterPriority,
 }

@@ -12,9 +12,9 @@
 //!
 //! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
 //! a writer task queued behind request handling left the store idle between transactions
-//! (BENCHMARKS.md, "What moved the numbers"). That thread asks for realtime scheduling
-//! (`WriterPriority::Realtime`, the default) so that a request thread never holds the core
-//! it needs; where the OS refuses, it runs at normal priority and says so once.
+//! (BENCHMARKS.md, "What moved the numbers"). With `WriterPriority::Realtime` (opt-in) that
+//! thread asks for realtime scheduling so that a request thread never holds the core it
+//! needs; where the OS refuses, it runs at normal priority and says so once.
 
 use std::sync::Arc;
 

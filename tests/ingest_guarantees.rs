@@ -406,9 +406,9 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
     ingestor.shutdown().await;
 }
 
-/// The SQLite writer thread asks for realtime scheduling by default (BENCHMARKS.md: 10–20 %
-/// more spans/s on two cores). Where the OS allows it the thread must have it, and
-/// `--writer-priority normal` must leave it at the default policy.
+/// With `--writer-priority realtime` the SQLite writer thread asks for realtime scheduling
+/// (BENCHMARKS.md). Where the OS allows it the thread must have it, and `normal` (the
+/// default) must leave it at the default policy.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_thread_gets_the_scheduling_it_asks_for() {
