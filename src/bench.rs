@@ -947,10 +947,13 @@ fn own_cpu_seconds() -> anyhow::Result<f64> {
 
 /// User + system CPU seconds from a `/proc/…/stat` line (fields 14 and 15, in USER_HZ = 100).
 fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
-    let after_name = &stat[stat.rfind(')').context("malformed stat")? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    Ok(ticks as f64 / 100.0)
+    // utime and stime, in clock ticks (fields 14 and 15).
+    let ticks = |number| -> anyhow::Result<u64> {
+        Ok(crate::ingest::proc_stat_field(stat, number)
+            .context("malformed stat")?
+            .parse()?)
+    };
+    Ok((ticks(14)? + ticks(15)?) as f64 / 100.0)
 }
 
 /// CPU seconds each kind of thread (by name) used between two readings, most first.

@@ -161,11 +161,16 @@ pub fn set_realtime_priority() -> std::io::Result<()> {
     ))
 }
 
-/// The scheduling policy (field 41) of a `/proc/…/stat` line: 0 normal, 1 FIFO, 2 RR.
-pub fn thread_policy(stat: &str) -> Option<u32> {
+/// Field `number` (1-based, as proc(5) numbers them) of a `/proc/…/stat` line.
+pub fn proc_stat_field(stat: &str, number: usize) -> Option<&str> {
     // Fields 3 on follow the command name, which is in parentheses and may hold spaces.
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(41 - 3)?.parse().ok()
+    rest.split_whitespace().nth(number.checked_sub(3)?)
+}
+
+/// The scheduling policy (field 41) of a `/proc/…/stat` line: 0 normal, 1 FIFO, 2 RR.
+pub fn thread_policy(stat: &str) -> Option<u32> {
+    proc_stat_field(stat, 41)?.parse().ok()
 }
 
 #[cfg(target_os = "linux")]
