@@ -232,6 +232,9 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let sender_cpu_before = own_cpu_seconds()?;
     let threads_before = server.thread_cpu_seconds()?;
     let writer_before = server.writer_schedstat();
+    // Read before the load: a realtime writer steps down while the checkpointer catches up,
+    // so what it was granted shows only between those spells.
+    let writer_policy = server.writer_policy();
     let started = Instant::now();
     let mut senders = Vec::new();
     for _ in 0..bench.concurrency {
@@ -311,7 +314,6 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             (ran, waited, (1.0 - ran - waited).max(0.0))
         },
     );
-    let writer_policy = server.writer_policy();
     let peak_rss = server.peak_rss_bytes()?;
     let peak_anon = peak_anon.max(server.anon_rss_bytes()?);
     server.stop().await?;

@@ -12,9 +12,10 @@
 //!
 //! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
 //! a writer task queued behind request handling left the store idle between transactions
-//! (BENCHMARKS.md, "What moved the numbers"). With `WriterPriority::Realtime` (opt-in) that
-//! thread asks for realtime scheduling so that a request thread never holds the core it
-//! needs; where the OS refuses, it runs at normal priority and says so once.
+//! (BENCHMARKS.md, "What moved the numbers"). With `WriterPriority::Realtime` (the default)
+//! that thread asks for realtime scheduling so that a request thread never holds the core
+//! it needs, and steps down to normal priority while the store catches up (`Scheduling`);
+//! where the OS refuses, it runs at normal priority and says so once.
 
 use std::sync::Arc;
 
@@ -43,7 +44,8 @@ pub struct IngestOptions {
 /// How the ingest writer thread is scheduled (`--writer-priority`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WriterPriority {
-    /// SCHED_RR at priority 1, where the OS allows it; normal priority where it refuses.
+    /// SCHED_RR at priority 1 where the OS allows it, stepping down to normal priority
+    /// while SQLite's checkpointer catches up; normal priority where the OS refuses.
     Realtime,
     /// The OS's default scheduling, shared fairly with every other thread.
     Normal,
@@ -83,20 +85,32 @@ enum Writer {
 }
 
 impl Writer {
-    fn start(options: &IngestOptions, run: impl Future<Output = ()> + Send + 'static) -> Writer {
+    /// Starts `run`, given the scheduling it is to follow between transactions.
+    fn start<F>(
+        options: &IngestOptions,
+        run: impl FnOnce(Scheduling) -> F + Send + 'static,
+    ) -> Writer
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
         if !options.own_threads {
-            return Writer::Task(tokio::spawn(run));
+            return Writer::Task(tokio::spawn(run(Scheduling::default())));
         }
         let priority = options.writer_priority;
         let (started, thread_id) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ingest-writer".into())
             .spawn(move || {
+                let mut scheduling = Scheduling::default();
                 if priority == WriterPriority::Realtime {
                     match set_realtime_priority() {
-                        Ok(()) => tracing::info!(
-                            "the ingest writer runs at realtime priority (SCHED_RR, 1)"
-                        ),
+                        Ok(()) => {
+                            scheduling.realtime = true;
+                            tracing::info!(
+                                "the ingest writer runs at realtime priority (SCHED_RR, 1), \
+                                 and at normal priority while the store catches up"
+                            )
+                        }
                         Err(error) => tracing::info!(
                             %error,
                             "the ingest writer runs at normal priority: the OS refused realtime \
@@ -114,7 +128,7 @@ impl Writer {
                     .build()
                     .expect("a single-threaded runtime needs only a timer and an IO driver");
                 runtime.block_on(async {
-                    run.await;
+                    run(scheduling).await;
                     // Lets sqlx hand the last connection back to its pool before the
                     // runtime, which would run that hand-back, is dropped.
                     tokio::task::yield_now().await;
@@ -140,6 +154,52 @@ impl Writer {
     }
 }
 
+/// The scheduling of the thread a writer runs on, which the writer follows between two
+/// transactions.
+#[derive(Default)]
+struct Scheduling {
+    /// Realtime scheduling was asked for and granted.
+    realtime: bool,
+    /// At normal priority for now, while the store catches up.
+    stepped_down: bool,
+}
+
+impl Scheduling {
+    /// Steps a realtime writer down to normal priority while the store catches up
+    /// (`Store::catching_up`), and back up once it has. SQLite's checkpointer runs at
+    /// normal priority: beside a writer that kept its core it fell behind under sustained
+    /// load, the WAL grew long, and the writer's every read got dearer (~5 % fewer spans/s
+    /// over 2M-span runs, BENCHMARKS.md "Session 13").
+    fn follow(&mut self, store: &dyn Store) {
+        let step_down = store.catching_up();
+        if !self.realtime || step_down == self.stepped_down {
+            return;
+        }
+        let result = if step_down {
+            set_normal_priority()
+        } else {
+            set_realtime_priority()
+        };
+        match result {
+            Ok(()) => {
+                self.stepped_down = step_down;
+                tracing::debug!(
+                    realtime = !step_down,
+                    "the ingest writer follows the store's catching up"
+                );
+            }
+            Err(error) => {
+                self.realtime = false;
+                tracing::warn!(
+                    %error,
+                    "the ingest writer could not change its priority and keeps the one it \
+                     has; pass --writer-priority normal to run it at normal priority throughout"
+                );
+            }
+        }
+    }
+}
+
 /// Puts the calling thread in SCHED_RR at the lowest realtime priority. Threads it starts
 /// (a runtime's blocking pool, a database connection's worker) start at normal priority.
 #[cfg(target_os = "linux")]
@@ -159,6 +219,23 @@ pub fn set_realtime_priority() -> std::io::Result<()> {
         std::io::ErrorKind::Unsupported,
         "budgetscope sets realtime scheduling on Linux only",
     ))
+}
+
+/// Puts the calling thread back in the OS's default scheduling (which any thread may do).
+#[cfg(target_os = "linux")]
+pub fn set_normal_priority() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK;
+    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
+    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn set_normal_priority() -> std::io::Result<()> {
+    Ok(())
 }
 
 /// Field `number` (1-based, as proc(5) numbers them) of a `/proc/…/stat` line.
@@ -190,8 +267,11 @@ impl Ingestor {
         let (jobs, queue) = async_channel::unbounded();
         let writers = (0..options.writers.max(1))
             .map(|_| {
-                let run = write_loop(store.clone(), queue.clone(), options.max_batch_spans);
-                Writer::start(options, run)
+                let (store, queue) = (store.clone(), queue.clone());
+                let max_batch_spans = options.max_batch_spans;
+                Writer::start(options, move |scheduling| {
+                    write_loop(store, queue, max_batch_spans, scheduling)
+                })
             })
             .collect();
         let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
@@ -270,9 +350,11 @@ async fn write_loop(
     store: Arc<dyn Store>,
     queue: async_channel::Receiver<Job>,
     max_batch_spans: usize,
+    mut scheduling: Scheduling,
 ) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
     while let Ok(first) = queue.recv().await {
+        scheduling.follow(store.as_ref());
         let mut queued = first.batch.len();
         let mut jobs = vec![first];
         while queued < max_batch_spans {

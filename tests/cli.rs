@@ -47,7 +47,7 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         "sqlite://budgetscope.db",
         "7d",
         "20MiB",
-        "[default: normal]",
+        "[default: realtime]",
     ] {
         assert!(help.contains(default), "default {default} missing");
     }

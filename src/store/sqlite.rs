@@ -79,9 +79,8 @@ pub struct SqliteStore {
     /// The database file, which the ingest writer opens itself; `None` in memory.
     file: Option<std::path::PathBuf>,
     reader: SqlitePool,
-    /// Set by the checkpointer when the WAL has grown past `WAL_RESET_FRAMES`; the next
-    /// write transaction first lets the WAL start over.
-    wal_reset_due: Arc<AtomicBool>,
+    /// What the checkpointer tells the writer about the WAL.
+    wal: Arc<WalSignals>,
     /// Stops the background checkpointer when the store is dropped.
     _checkpointer: Option<tokio_util::sync::DropGuard>,
 }
@@ -150,11 +149,11 @@ impl SqliteStore {
                 .await?
         };
         let file = (!in_memory).then(|| options.get_filename().to_owned());
-        let wal_reset_due = Arc::new(AtomicBool::new(false));
+        let wal = Arc::new(WalSignals::default());
         let checkpointer = if in_memory {
             None
         } else {
-            Some(start_checkpointer(options, wal_reset_due.clone()).await?)
+            Some(start_checkpointer(options, wal.clone()).await?)
         };
         Ok(SqliteStore {
             writer,
@@ -164,14 +163,14 @@ impl SqliteStore {
             }),
             file,
             reader,
-            wal_reset_due,
+            wal,
             _checkpointer: checkpointer,
         })
     }
 
     /// The sqlx write connection, for one transaction of retention or the analyzer (and of
     /// every write to an in-memory database). Every write first gives the WAL its reset
-    /// when one is due (`wal_reset_due`).
+    /// when one is due (`WalSignals::reset_due`).
     ///
     /// The connection stays out of the pool between writes: given back after each one, sqlx
     /// pinged it on its worker thread and the next write waited for that hand-back.
@@ -217,9 +216,11 @@ impl SqliteStore {
     /// Takes the checkpointer's request for a WAL reset, if there is one: the time the
     /// writer's checkpoint starts, for its log line.
     fn take_wal_reset(&self) -> Option<std::time::Instant> {
-        self.wal_reset_due
-            .swap(false, Ordering::AcqRel)
-            .then(std::time::Instant::now)
+        let taken = self.wal.reset_due.swap(false, Ordering::AcqRel);
+        if taken {
+            self.wal.catching_up.store(false, Ordering::Release);
+        }
+        taken.then(std::time::Instant::now)
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -567,12 +568,25 @@ async fn flush_for_reset(
     }
 }
 
+/// What the checkpointer tells the writer, between two of its transactions.
+#[derive(Default)]
+struct WalSignals {
+    /// Set when the WAL has grown past `WAL_RESET_FRAMES` and the checkpointer has copied
+    /// nearly all of it; the next write transaction first lets the WAL start over.
+    reset_due: AtomicBool,
+    /// Set from the checkpointer's first pass that finds the WAL past `WAL_RESET_FRAMES`
+    /// until the WAL starts over (`Store::catching_up`): the copying and flushing it does
+    /// meanwhile decides when that happens, and the writer's reads cost more the longer
+    /// the WAL grows.
+    catching_up: AtomicBool,
+}
+
 /// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
 /// PASSIVE checkpoint, which never blocks the writer or readers. The writer's own
 /// auto-checkpoint is off, so commits never pay for this work.
 async fn start_checkpointer(
     options: SqliteConnectOptions,
-    wal_reset_due: Arc<AtomicBool>,
+    signals: Arc<WalSignals>,
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
     let mut conn =
@@ -601,6 +615,7 @@ async fn start_checkpointer(
                 // frame, so SQLite never starts the WAL over and it would grow without
                 // bound. The writer resets it between two transactions (`reset_wal_if_due`).
                 Ok((_, wal_frames, mut copied)) if wal_frames > WAL_RESET_FRAMES => {
+                    signals.catching_up.store(true, Ordering::Release);
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
                     for _ in 0..3 {
@@ -617,7 +632,7 @@ async fn start_checkpointer(
                     flush_for_reset(&database, &mut conn, copied).await;
                     // Still set from the pass before: the writer has not begun a transaction
                     // since, so a TRUNCATE here holds nobody off.
-                    let writer_idle = wal_reset_due.swap(true, Ordering::AcqRel);
+                    let writer_idle = signals.reset_due.swap(true, Ordering::AcqRel);
                     let sequence = wal_sequence(&wal);
                     stuck_passes = if sequence == last_sequence {
                         stuck_passes + 1
@@ -637,8 +652,9 @@ async fn start_checkpointer(
                         "checkpointer truncates the WAL"
                     );
                     stuck_passes = 0;
-                    wal_reset_due.store(false, Ordering::Release);
+                    signals.reset_due.store(false, Ordering::Release);
                     truncate_wal(&mut conn).await;
+                    signals.catching_up.store(false, Ordering::Release);
                 }
                 Ok((_, wal_frames, copied)) => {
                     stuck_passes = 0;
@@ -675,6 +691,10 @@ async fn start_checkpointer(
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn catching_up(&self) -> bool {
+        self.wal.catching_up.load(Ordering::Acquire)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
