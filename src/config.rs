@@ -114,9 +114,9 @@ pub struct ServeArgs {
     /// How the SQLite ingest writer thread is scheduled. realtime (SCHED_RR, priority 1)
     /// lets it commit as soon as it has work instead of waiting behind request handling for
     /// a core, and steps it down to normal priority while SQLite's checkpointer catches up
-    /// with the WAL: on a 2-core machine 10–20 % more spans/s in bursts, none fewer under
-    /// sustained load, at the price of slower API answers during saturated ingest and of a
-    /// core taken from co-located services (BENCHMARKS.md). It needs root, CAP_SYS_NICE or
+    /// with the WAL: on a 2-core machine 10–20 % more spans/s in bursts and about as many
+    /// as normal under sustained load, at the price of slower API answers during saturated
+    /// ingest and of a core taken from co-located services (BENCHMARKS.md). It needs root, CAP_SYS_NICE or
     /// an RLIMIT_RTPRIO of at least 1; refused, the writer runs at normal priority and the
     /// start-up log says so. normal shares the cores fairly throughout. Not used with
     /// Postgres.

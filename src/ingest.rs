@@ -115,10 +115,10 @@ impl Writer {
                             %error,
                             "the ingest writer runs at normal priority: the OS refused realtime \
                              scheduling, so on a busy machine with few cores it may wait for a \
-                             core behind request handling; run budgetscope with CAP_SYS_NICE \
-                             (docker: --cap-add SYS_NICE) or an RLIMIT_RTPRIO of at least 1 \
-                             (systemd: LimitRTPRIO=1), or pass --writer-priority normal to \
-                             skip the attempt"
+                             core behind request handling; run budgetscope as root, with \
+                             CAP_SYS_NICE, or with an RLIMIT_RTPRIO of at least 1 (systemd: \
+                             LimitRTPRIO=1; docker: --ulimit rtprio=1), or pass \
+                             --writer-priority normal to skip the attempt"
                         ),
                     }
                 }
