@@ -204,13 +204,7 @@ impl Scheduling {
 /// (a runtime's blocking pool, a database connection's worker) start at normal priority.
 #[cfg(target_os = "linux")]
 pub fn set_realtime_priority() -> std::io::Result<()> {
-    let param = libc::sched_param { sched_priority: 1 };
-    let policy = libc::SCHED_RR | libc::SCHED_RESET_ON_FORK;
-    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
-    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
+    set_scheduler(libc::SCHED_RR, 1)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -224,18 +218,26 @@ pub fn set_realtime_priority() -> std::io::Result<()> {
 /// Puts the calling thread back in the OS's default scheduling (which any thread may do).
 #[cfg(target_os = "linux")]
 pub fn set_normal_priority() -> std::io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    let policy = libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK;
-    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
-    match unsafe { libc::sched_setscheduler(0, policy, &param) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
+    set_scheduler(libc::SCHED_OTHER, 0)
 }
 
 #[cfg(not(target_os = "linux"))]
 pub fn set_normal_priority() -> std::io::Result<()> {
     Ok(())
+}
+
+/// `sched_setscheduler` for the calling thread, with `SCHED_RESET_ON_FORK` so that threads
+/// it starts run at normal priority whatever it has.
+#[cfg(target_os = "linux")]
+fn set_scheduler(policy: libc::c_int, priority: libc::c_int) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
+    match unsafe { libc::sched_setscheduler(0, policy | libc::SCHED_RESET_ON_FORK, &param) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Field `number` (1-based, as proc(5) numbers them) of a `/proc/…/stat` line.
