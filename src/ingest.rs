@@ -166,10 +166,11 @@ struct Scheduling {
 
 impl Scheduling {
     /// Steps a realtime writer down to normal priority while the store catches up
-    /// (`Store::catching_up`), and back up once it has. SQLite's checkpointer runs at
-    /// normal priority: beside a writer that kept its core it fell behind under sustained
-    /// load, the WAL grew long, and the writer's every read got dearer (~5 % fewer spans/s
-    /// over 2M-span runs, BENCHMARKS.md "Session 13").
+    /// (`Store::catching_up`), and back up once it has. SQLite's checkpointer syncs the
+    /// WAL before each pass: beside a writer that kept its core and kept writing, its
+    /// passes took three times as long, the WAL started over less often, the writer used
+    /// more CPU per span, and ingest lost ~5 % over 2M-span runs (BENCHMARKS.md, "Session
+    /// 13").
     fn follow(&mut self, store: &dyn Store) {
         let step_down = store.catching_up();
         if !self.realtime || step_down == self.stepped_down {
