@@ -486,7 +486,6 @@ async fn the_writer_thread_gets_the_scheduling_it_asks_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_realtime_writer_steps_down_while_the_checkpointer_catches_up() {
     use budgetscope::ingest::{IngestOptions, Ingestor, WriterPriority, thread_policy};
-    use budgetscope::model::{SpanId, TraceId};
     use budgetscope::store::EncodedBatch;
 
     let allowed = std::thread::spawn(|| budgetscope::ingest::set_realtime_priority().is_ok())
@@ -513,32 +512,19 @@ async fn a_realtime_writer_steps_down_while_the_checkpointer_catches_up() {
         thread_policy(&std::fs::read_to_string(format!("/proc/self/task/{writer}/stat")).unwrap())
             .unwrap()
     };
-    let template = common::fixture_trace(1, r#"edge server "GET /bulk" 0 10 budget=100"#).remove(0);
     let padding = "x".repeat(2_000);
-    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
-    let wal_size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let wal = db.wal_path();
     // The policy the writer had for each transaction, one transaction at a time (read once
     // it has committed and waits for the next), with the WAL file's size then.
     let mut seen = Vec::new();
     // About 4 MB of WAL per batch; the reset is due past 64 MiB. 200 batches without a
     // realtime -> normal -> realtime round trip is a failure.
     for batch in 0..200u32 {
-        let spans: Vec<_> = (0..1_000u32)
-            .map(|i| {
-                let mut span = template.clone();
-                span.trace_id = TraceId::from_bytes(
-                    &(1 << 100 | u128::from(batch) << 32 | u128::from(i)).to_be_bytes(),
-                )
-                .unwrap();
-                span.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
-                span.name = padding.clone();
-                span
-            })
-            .collect();
+        let spans = common::bulk_spans(batch, 1 << 100, &padding);
         let batch = EncodedBatch::encode(&spans);
         let admission = ingestor.admit(batch.len()).unwrap();
         ingestor.commit(admission, batch).await.unwrap();
-        seen.push((policy(), wal_size() >> 20));
+        seen.push((policy(), common::file_size(&wal) >> 20));
         // Back to back, these writes (~4 MB of WAL each) outran the checkpointer's copying
         // on a fast machine, and the WAL did not start over within 200 of them.
         tokio::time::sleep(Duration::from_millis(25)).await;

@@ -9,34 +9,7 @@ use budgetscope::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 use budgetscope::store::{self, Operation, Store};
-use common::TestDb;
-
-fn span(trace: u8, id: u8, parent: Option<u8>, service: &str, name: &str, start: u64) -> Span {
-    Span {
-        trace_id: TraceId([trace; 16]),
-        span_id: SpanId([id; 8]),
-        parent_span_id: parent.map(|p| SpanId([p; 8])),
-        service: service.into(),
-        name: name.into(),
-        kind: SpanKind::Server,
-        start_unix_nano: start,
-        end_unix_nano: start + 1_000_000,
-        status: Status {
-            code: StatusCode::Unset,
-            message: String::new(),
-        },
-        attributes: vec![],
-        resource: std::sync::Arc::new(vec![(
-            "service.name".into(),
-            AttrValue::String(service.into()),
-        )]),
-        scope: Scope::default(),
-        events: vec![],
-        links: vec![],
-        budget: None,
-        warnings: vec![],
-    }
-}
+use common::{TestDb, bulk_spans, file_size, span};
 
 /// Runs `check` against a fresh store of every available backend.
 async fn on_every_store<F, Fut>(check: F)
@@ -268,11 +241,6 @@ async fn ping_answers_on_a_live_store() {
     .await;
 }
 
-/// The size of the file at `path`, 0 when there is none (a WAL not yet created).
-fn file_size(path: &str) -> u64 {
-    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
 /// Checks the WAL file's size every 100 ms until it is under `bound` bytes or 10 s have
 /// passed, and returns the last size seen. After a burst the checkpointer (every 500 ms)
 /// flushes the database file before it resets or cuts back the WAL, which on a slow or busy
@@ -291,23 +259,8 @@ async fn wal_size_after_writes(wal: &str, bound: u64) -> u64 {
 async fn sqlite_store_and_wal() -> (TestDb, Arc<dyn Store>, String) {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
-    let wal = format!("{}-wal", db.url.trim_start_matches("sqlite://"));
+    let wal = db.wal_path();
     (db, store, wal)
-}
-
-/// Batch `batch` of 1,000 one-span traces named "bulk" carrying `padding`; `tag` (a high bit)
-/// keeps one test's trace ids apart from another's.
-fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
-    (0..1_000u32)
-        .map(|i| {
-            let mut s = span(0, 0, None, "bulk", padding, 1_000);
-            s.trace_id =
-                TraceId::from_bytes(&(u128::from(batch) << 32 | u128::from(i) | tag).to_be_bytes())
-                    .unwrap();
-            s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
-            s
-        })
-        .collect()
 }
 
 /// SQLite finds old spans through an index on a ~1.07 s bucket of their start (2^30 ns):

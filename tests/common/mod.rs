@@ -9,6 +9,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use budgetscope::config::{Cli, Command, ServeConfig};
+use budgetscope::model::{AttrValue, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 use budgetscope::server::{self, RunningServer};
 use clap::Parser as _;
 use sqlx::Connection as _;
@@ -24,6 +25,11 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// The path of a SQLite database's WAL file.
+    pub fn wal_path(&self) -> String {
+        format!("{}-wal", self.url.trim_start_matches("sqlite://"))
+    }
+
     pub fn sqlite() -> TestDb {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}", dir.path().join("test.db").display());
@@ -259,7 +265,7 @@ pub async fn post_otlp(
 }
 
 /// A plain-text fixture (`budgetscope::analyze::fixture`) with its own trace id.
-pub fn fixture_trace(id: u8, text: &str) -> Vec<budgetscope::model::Span> {
+pub fn fixture_trace(id: u8, text: &str) -> Vec<Span> {
     let mut spans = budgetscope::analyze::fixture::parse(text);
     for span in &mut spans {
         span.trace_id = budgetscope::model::TraceId([id; 16]);
@@ -340,7 +346,7 @@ pub async fn oneshot(
 
 /// The inflated-checkout trace of BUDGET_SEMANTICS.md (edge forwards a fresh 5 s timeout
 /// with 780 ms left; inventory takes 1.49 s), moved to end about a minute ago.
-pub fn checkout_a_minute_ago() -> Vec<budgetscope::model::Span> {
+pub fn checkout_a_minute_ago() -> Vec<Span> {
     let mut spans = budgetscope::analyze::fixture::parse(
         r#"
 edge server "GET /checkout" 0 1540 budget=800
@@ -355,4 +361,52 @@ edge server "GET /checkout" 0 1540 budget=800
         span.end_unix_nano += shift;
     }
     spans
+}
+
+/// A span with no attributes, events or links, for store tests.
+pub fn span(trace: u8, id: u8, parent: Option<u8>, service: &str, name: &str, start: u64) -> Span {
+    Span {
+        trace_id: TraceId([trace; 16]),
+        span_id: SpanId([id; 8]),
+        parent_span_id: parent.map(|p| SpanId([p; 8])),
+        service: service.into(),
+        name: name.into(),
+        kind: SpanKind::Server,
+        start_unix_nano: start,
+        end_unix_nano: start + 1_000_000,
+        status: Status {
+            code: StatusCode::Unset,
+            message: String::new(),
+        },
+        attributes: vec![],
+        resource: std::sync::Arc::new(vec![(
+            "service.name".into(),
+            AttrValue::String(service.into()),
+        )]),
+        scope: Scope::default(),
+        events: vec![],
+        links: vec![],
+        budget: None,
+        warnings: vec![],
+    }
+}
+
+/// Batch `batch` of 1,000 one-span traces named "bulk" carrying `padding`; `tag` (a high bit)
+/// keeps one test's trace ids apart from another's.
+pub fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
+    (0..1_000u32)
+        .map(|i| {
+            let mut s = span(0, 0, None, "bulk", padding, 1_000);
+            s.trace_id =
+                TraceId::from_bytes(&(u128::from(batch) << 32 | u128::from(i) | tag).to_be_bytes())
+                    .unwrap();
+            s.span_id = SpanId::from_bytes(&(u64::from(i) + 1).to_be_bytes()).unwrap();
+            s
+        })
+        .collect()
+}
+
+/// The size of the file at `path`, 0 when there is none (a WAL not yet created).
+pub fn file_size(path: &str) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
