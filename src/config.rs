@@ -116,10 +116,10 @@ pub struct ServeArgs {
     /// a core, and steps it down to normal priority while SQLite's checkpointer catches up
     /// with the WAL: on a 2-core machine 10–20 % more spans/s in bursts and about as many
     /// as normal under sustained load, at the price of slower API answers during saturated
-    /// ingest and of a core taken from co-located services (BENCHMARKS.md). It needs root, CAP_SYS_NICE or
-    /// an RLIMIT_RTPRIO of at least 1; refused, the writer runs at normal priority and the
-    /// start-up log says so. normal shares the cores fairly throughout. Not used with
-    /// Postgres.
+    /// ingest and of a core taken from co-located services (BENCHMARKS.md). It needs root,
+    /// CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1; refused, the writer runs at normal
+    /// priority and the start-up log says so. normal shares the cores fairly throughout.
+    /// Not used with Postgres.
     #[arg(
         long,
         env = "BUDGETSCOPE_WRITER_PRIORITY",

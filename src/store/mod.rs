@@ -58,10 +58,9 @@ pub trait Store: Send + Sync + 'static {
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
-    /// Whether the store's own background work has fallen behind the writes and should
-    /// have CPU time before the writer: on SQLite, while the checkpointer catches up with a
-    /// WAL past its reset size. The ingest writer gives up realtime scheduling meanwhile
-    /// (`ingest::WriterPriority`).
+    /// Whether the store's own background work has fallen behind the writes: on SQLite,
+    /// while the checkpointer catches up with a WAL past its reset size. The ingest writer
+    /// gives up realtime scheduling meanwhile (`ingest::WriterPriority`).
     fn catching_up(&self) -> bool {
         false
     }

@@ -575,9 +575,9 @@ struct WalSignals {
     /// nearly all of it; the next write transaction first lets the WAL start over.
     reset_due: AtomicBool,
     /// Set from the checkpointer's first pass that finds the WAL past `WAL_RESET_FRAMES`
-    /// until the WAL starts over (`Store::catching_up`): the copying and flushing it does
-    /// meanwhile decides when that happens, and the writer's reads cost more the longer
-    /// the WAL grows.
+    /// until the WAL starts over (`Store::catching_up`): its syncs, copying and flushing
+    /// meanwhile decide when that happens, and they take longer while the writer keeps
+    /// writing.
     catching_up: AtomicBool,
 }
 
