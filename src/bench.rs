@@ -1528,6 +1528,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let app = crate::web::app(crate::web::AppState {
         store: store.clone(),
         analyze: AnalyzeOptions::default(),
+        rules: Default::default(),
     });
     let time = |uri: String| {
         let app = app.clone();
@@ -1662,6 +1663,7 @@ async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
     let app = crate::web::app(crate::web::AppState {
         store: store.clone(),
         analyze: AnalyzeOptions::default(),
+        rules: Default::default(),
     });
     println!(
         "## trace page server time (SQLite, through the router), {} runs each",

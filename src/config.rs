@@ -28,6 +28,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Parsed once at start-up, so the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the OTLP receivers, the UI and the JSON API.
@@ -39,6 +41,19 @@ pub enum Command {
     /// Measure budgetscope (method and figures: BENCHMARKS.md).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
+    /// Work with alert rules files.
+    #[command(subcommand)]
+    Rules(RulesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RulesCommand {
+    /// Validate a rules file: prints every problem with its rule and field and exits
+    /// non-zero when there is one.
+    Check {
+        /// The YAML rules file (top level `rules:` and `receivers:`).
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Args)]
@@ -127,6 +142,25 @@ pub struct ServeArgs {
         default_value = "realtime"
     )]
     pub writer_priority: WriterPriority,
+
+    /// Alert rules and receivers, in YAML (top level rules: and receivers:; see README,
+    /// "Alerts"). Re-read on SIGHUP; `budgetscope rules check FILE` validates one.
+    #[arg(long, env = "BUDGETSCOPE_RULES")]
+    pub rules: Option<std::path::PathBuf>,
+
+    /// How often alert rules are evaluated.
+    #[arg(long, env = "BUDGETSCOPE_ALERT_INTERVAL", default_value = "30s")]
+    pub alert_interval: String,
+
+    /// How far behind the clock an alert window ends, so that traces are summarised before
+    /// they are judged. Default: the quiet period plus 30s.
+    #[arg(long, env = "BUDGETSCOPE_ALERT_DELAY")]
+    pub alert_delay: Option<String>,
+
+    /// The UI's address as people reach it, for links in notifications.
+    /// Default: http:// and --http-addr.
+    #[arg(long, env = "BUDGETSCOPE_EXTERNAL_URL")]
+    pub external_url: Option<String>,
 }
 
 /// Which database a URL names.
@@ -159,6 +193,10 @@ pub struct ServeConfig {
     pub cors_origins: Vec<HeaderValue>,
     pub max_queued_spans: usize,
     pub writer_priority: WriterPriority,
+    pub rules: Option<std::path::PathBuf>,
+    pub alert_interval: Duration,
+    pub alert_delay: Duration,
+    pub external_url: String,
 }
 
 /// A setting that failed validation, named as the user wrote it.
@@ -271,6 +309,41 @@ impl ServeArgs {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let alert_interval = humantime::parse_duration(self.alert_interval.trim())
+            .ok()
+            .filter(|d| *d >= Duration::from_secs(1))
+            .ok_or_else(|| {
+                invalid(
+                    "alert-interval",
+                    "BUDGETSCOPE_ALERT_INTERVAL",
+                    &self.alert_interval,
+                    "expected a duration of at least 1s, e.g. 30s",
+                )
+            })?;
+        let alert_delay = match &self.alert_delay {
+            None => quiet_period + Duration::from_secs(30),
+            Some(text) => parse_duration_or_zero(text).ok_or_else(|| {
+                invalid(
+                    "alert-delay",
+                    "BUDGETSCOPE_ALERT_DELAY",
+                    text,
+                    "expected a duration such as 40s, or 0",
+                )
+            })?,
+        };
+        if let Some(url) = &self.external_url {
+            let url = url.trim();
+            if !(url.starts_with("http://") || url.starts_with("https://"))
+                || url.contains(char::is_whitespace)
+            {
+                return Err(invalid(
+                    "external-url",
+                    "BUDGETSCOPE_EXTERNAL_URL",
+                    url,
+                    "expected an http:// or https:// URL, e.g. https://budgets.example.com",
+                ));
+            }
+        }
         if self.max_queued_spans == 0 {
             return Err(invalid(
                 "max-queued-spans",
@@ -279,6 +352,7 @@ impl ServeArgs {
                 "expected at least 1",
             ));
         }
+        let http_addr = addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?;
         Ok(ServeConfig {
             otlp_grpc_addr: addr(
                 "otlp-grpc-addr",
@@ -290,7 +364,7 @@ impl ServeArgs {
                 "BUDGETSCOPE_OTLP_HTTP_ADDR",
                 &self.otlp_http_addr,
             )?,
-            http_addr: addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?,
+            http_addr,
             db,
             budget_keys,
             tolerance_ms: self.tolerance_ms,
@@ -300,6 +374,13 @@ impl ServeArgs {
             cors_origins,
             max_queued_spans: self.max_queued_spans,
             writer_priority: self.writer_priority,
+            rules: self.rules.clone(),
+            alert_interval,
+            alert_delay,
+            external_url: match &self.external_url {
+                Some(url) => url.trim().trim_end_matches('/').to_string(),
+                None => format!("http://{http_addr}"),
+            },
         })
     }
 }
@@ -381,6 +462,13 @@ mod tests {
         assert_eq!(config.retention, Duration::from_secs(7 * 86400));
         assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
         assert!(config.cors_origins.is_empty());
+        assert_eq!(config.alert_interval, Duration::from_secs(30));
+        assert_eq!(
+            config.alert_delay,
+            Duration::from_secs(40),
+            "quiet period + 30s"
+        );
+        assert_eq!(config.external_url, "http://127.0.0.1:8080");
     }
 
     #[test]
@@ -408,6 +496,18 @@ mod tests {
             (
                 vec!["--budget-keys", ","],
                 "name at least one attribute key",
+            ),
+            (
+                vec!["--alert-interval", "100ms"],
+                "invalid --alert-interval (env BUDGETSCOPE_ALERT_INTERVAL)",
+            ),
+            (
+                vec!["--alert-delay", "soon"],
+                "invalid --alert-delay (env BUDGETSCOPE_ALERT_DELAY)",
+            ),
+            (
+                vec!["--external-url", "budgets.example.com"],
+                "invalid --external-url",
             ),
         ];
         for (extra, expected) in cases {

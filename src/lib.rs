@@ -3,6 +3,8 @@
 //! Data flows one way: `receive` (OTLP decode) → `normalize` (our own `model::Span`) →
 //! `ingest` (queue, group commit) → `store` (SQLite or Postgres) → `web` (JSON API).
 //! ARCHITECTURE.md has the code map and each module's invariant.
+pub mod alerter;
+pub mod alerts;
 pub mod analyze;
 pub mod bench;
 pub mod budget;

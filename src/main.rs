@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use budgetscope::config::{Cli, Command};
+use budgetscope::config::{Cli, Command, RulesCommand};
 use clap::Parser as _;
 use tracing_subscriber::EnvFilter;
 
@@ -37,6 +37,7 @@ fn main() -> ExitCode {
             Command::Bench(command) => budgetscope::bench::run(command).await,
             Command::Analyze(args) => budgetscope::offline::run(args),
             Command::Demo(args) => budgetscope::demo::run(args).await,
+            Command::Rules(RulesCommand::Check { file }) => rules_check(&file),
         }
     });
     match result {
@@ -55,6 +56,7 @@ async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
     // at once, and a SIGTERM that arrives before the handler exists kills the process
     // without the drain.
     let signal = shutdown_signal()?;
+    reload_on_hangup(server.rules.clone())?;
     eprintln!(
         "budgetscope is up: OTLP gRPC {}, OTLP HTTP http://{}/v1/traces, UI and API http://{}/",
         server.otlp_grpc_addr, server.otlp_http_addr, server.http_addr
@@ -62,6 +64,42 @@ async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
     signal.await;
     eprintln!("shutting down: finishing in-flight exports…");
     server.shutdown().await;
+    Ok(())
+}
+
+/// `budgetscope rules check FILE`: every problem on its own line, non-zero when any.
+fn rules_check(file: &std::path::Path) -> anyhow::Result<()> {
+    let set = budgetscope::alerter::read_rules_file(file)?;
+    println!(
+        "{}: {} rule{} and {} receiver{}, no problems",
+        file.display(),
+        set.rules.len(),
+        if set.rules.len() == 1 { "" } else { "s" },
+        set.receivers.len(),
+        if set.receivers.len() == 1 { "" } else { "s" },
+    );
+    Ok(())
+}
+
+/// Re-reads the rules file on each SIGHUP; a file with problems keeps the rules in force.
+fn reload_on_hangup(rules: std::sync::Arc<budgetscope::alerter::RuleBook>) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                match rules.reload() {
+                    Ok(count) => tracing::info!(rules = count, "reloaded the rules file"),
+                    Err(error) => tracing::error!(
+                        "the rules file was not reloaded; the previous rules stay in force: {error}"
+                    ),
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = rules;
     Ok(())
 }
 

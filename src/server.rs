@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::alerter::{self, AlerterOptions, RuleBook};
 use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
@@ -34,6 +35,9 @@ use crate::web::{self, AppState};
 /// request whole (up to `--max-request-bytes`) before decoding it anyway.
 const GRPC_CONNECTION_WINDOW: u32 = 16 << 20;
 
+/// How often queued notifications are looked for (retries wait at least 1 s).
+const DELIVERY_POLL: Duration = Duration::from_millis(500);
+
 /// Spans deleted per retention transaction, so deletes never hold the writer for long.
 const RETENTION_BATCH: u32 = 5_000;
 
@@ -43,6 +47,8 @@ pub struct RunningServer {
     pub otlp_http_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub store: Arc<dyn Store>,
+    /// The alert rules in force; `reload` re-reads the rules file.
+    pub rules: Arc<RuleBook>,
     stop_accepting: CancellationToken,
     stop_background: CancellationToken,
     listeners: Vec<JoinHandle<()>>,
@@ -73,6 +79,10 @@ pub fn ingest_options(
 
 /// Opens the store and starts every listener.
 pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
+    // Before anything is opened or bound: a rules file with problems stops start-up.
+    let rules = Arc::new(RuleBook::load(config.rules.clone()).context(
+        "the rules file (--rules) has problems; `budgetscope rules check FILE` lists them",
+    )?);
     let store = store::open(config.db.as_str()).await.with_context(|| {
         format!(
             "could not open the database {}; check --db (BUDGETSCOPE_DB)",
@@ -139,11 +149,17 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             analyze: AnalyzeOptions {
                 tolerance_ms: config.tolerance_ms,
             },
+            rules: rules.clone(),
         }),
         stop_accepting.clone(),
         "ui and api",
     );
     let stop_background = CancellationToken::new();
+    let alerter_options = AlerterOptions {
+        interval: config.alert_interval,
+        delay: config.alert_delay,
+        external_url: config.external_url.clone(),
+    };
     let background = vec![
         tokio::spawn(retention_loop(
             store.clone(),
@@ -161,6 +177,19 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             ingestor.clone(),
             stop_background.clone(),
         )),
+        tokio::spawn(alerter::run(
+            store.clone(),
+            rules.clone(),
+            alerter_options.clone(),
+            stop_background.clone(),
+        )),
+        tokio::spawn(alerter::deliver(
+            store.clone(),
+            rules.clone(),
+            alerter_options,
+            DELIVERY_POLL,
+            stop_background.clone(),
+        )),
     ];
     tracing::info!(
         %otlp_grpc_addr, %otlp_http_addr, %http_addr, store = store.backend(),
@@ -171,6 +200,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         otlp_http_addr,
         http_addr,
         store,
+        rules,
         stop_accepting,
         stop_background,
         listeners: vec![grpc, otlp_http, http],
@@ -242,6 +272,9 @@ async fn retention_loop(store: Arc<dyn Store>, retention: Duration, stop: Cancel
         }
         if deleted > 0 {
             tracing::info!(deleted, "retention removed old spans");
+        }
+        if let Err(error) = store.delete_alerts_before(cutoff).await {
+            tracing::warn!(%error, "removing old alert history failed; will try again");
         }
         tokio::select! {
             _ = stop.cancelled() => return,

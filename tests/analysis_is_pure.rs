@@ -1,11 +1,21 @@
-//! Architecture invariant of `src/analyze/`: the analysis core is pure. It names no
-//! database, web, RPC or async-runtime crate, so it cannot do IO or block an executor.
+//! Architecture invariant of `src/analyze/` and `src/alerts/`: the analysis core and the
+//! alert evaluation are pure. They name no database, web, RPC or async-runtime crate, so
+//! they cannot do IO or block an executor.
 
 use std::path::Path;
 
 #[test]
 fn the_analysis_core_imports_no_io_crates() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/analyze");
+    check_pure("src/analyze", 5);
+}
+
+#[test]
+fn the_alert_evaluation_imports_no_io_crates() {
+    check_pure("src/alerts", 3);
+}
+
+fn check_pure(folder: &str, at_least: usize) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(folder);
     let mut checked = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
@@ -28,7 +38,7 @@ fn the_analysis_core_imports_no_io_crates() {
             ] {
                 assert!(
                     !code.contains(forbidden),
-                    "{}:{}: the analysis core must stay pure but names `{forbidden}`: {line}",
+                    "{}:{}: this module must stay pure but names `{forbidden}`: {line}",
                     path.display(),
                     number + 1
                 );
@@ -37,8 +47,8 @@ fn the_analysis_core_imports_no_io_crates() {
         checked += 1;
     }
     assert!(
-        checked >= 5,
-        "expected the analysis sources in {}",
+        checked >= at_least,
+        "expected the pure sources in {}",
         dir.display()
     );
 }

@@ -30,6 +30,7 @@ async fn trace_search_and_hops_through_the_router() {
         let state = AppState {
             store: store.clone(),
             analyze: AnalyzeOptions::default(),
+            rules: Default::default(),
         };
         let trace_id = spans[0].trace_id.to_hex();
 

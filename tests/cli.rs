@@ -19,6 +19,51 @@ fn run(args: &[&str]) -> (bool, String, String) {
 }
 
 #[test]
+fn rules_check_accepts_a_good_file_and_names_rule_and_field_of_each_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    std::fs::write(
+        &good,
+        "receivers:\n  - name: ops\n    webhook: { url: \"http://127.0.0.1:9/hook\" }\nrules:\n  - name: inventory-burning\n    service: inventory\n    signal: local_exceed_ratio\n    op: \">\"\n    threshold: 0.05\n    window: 5m\n    for: 2m\n    receivers: [ops]\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run(&["rules", "check", good.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1 rule and 1 receiver, no problems"), "{out}");
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "rules:\n  - name: slow\n    signal: local_exceed_ratio\n    op: \">\"\n    threshold: 0.05\n    window: 5s\n    receivers: [pager]\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run(&["rules", "check", bad.to_str().unwrap()]);
+    assert!(!ok, "a file with problems must fail");
+    assert!(err.contains("2 problems"), "{err}");
+    assert!(
+        err.contains("rule \"slow\", field window: must be at least 1m"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rule \"slow\", field receivers: no receiver is named \"pager\""),
+        "{err}"
+    );
+
+    let (ok, _, err) = run(&["rules", "check", "/nonexistent/rules.yaml"]);
+    assert!(!ok && err.contains("cannot read the file"), "{err}");
+
+    // serve refuses to start on a file with problems, and says how to list them.
+    let (ok, _, err) = run(&[
+        "serve",
+        "--db",
+        "sqlite://:memory:",
+        "--rules",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("rules check"), "{err}");
+}
+
+#[test]
 fn serve_help_documents_every_setting_and_its_env_var() {
     let (ok, help, _) = run(&["serve", "--help"]);
     assert!(ok);
@@ -34,6 +79,10 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         ("--cors-origins", "BUDGETSCOPE_CORS_ORIGINS"),
         ("--max-queued-spans", "BUDGETSCOPE_MAX_QUEUED_SPANS"),
         ("--writer-priority", "BUDGETSCOPE_WRITER_PRIORITY"),
+        ("--rules", "BUDGETSCOPE_RULES"),
+        ("--alert-interval", "BUDGETSCOPE_ALERT_INTERVAL"),
+        ("--alert-delay", "BUDGETSCOPE_ALERT_DELAY"),
+        ("--external-url", "BUDGETSCOPE_EXTERNAL_URL"),
     ] {
         assert!(
             help.contains(flag) && help.contains(env),

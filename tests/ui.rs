@@ -38,6 +38,7 @@ async fn every_page_shows_the_budget_story() {
         let state = AppState {
             store: store.clone(),
             analyze: AnalyzeOptions::default(),
+            rules: Default::default(),
         };
         let backend = db.backend;
 
@@ -195,6 +196,7 @@ async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
     let state = AppState {
         store: store.clone(),
         analyze: AnalyzeOptions::default(),
+        rules: Default::default(),
     };
     let spans = budgetscope::bench::large_trace(1000);
     store.write_spans(&spans).await.unwrap();
@@ -269,6 +271,7 @@ async fn errors_are_friendly_pages_that_say_what_to_do() {
     let state = AppState {
         store,
         analyze: AnalyzeOptions::default(),
+        rules: Default::default(),
     };
     for (uri, status, says) in [
         ("/traces/xyz", 400, "give the 32 hex digits"),

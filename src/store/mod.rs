@@ -5,6 +5,7 @@
 //! (`tests/store_conformance.rs`). Inserts are idempotent on (trace id, span id): the first
 //! copy stored wins, so exporter retries never duplicate a span.
 
+pub mod alerts;
 pub mod postgres;
 pub mod query;
 pub mod rollup;
@@ -15,10 +16,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
+use crate::alerts::eval::Instance;
+use crate::alerts::notify::Notification;
 use crate::analyze::hops::HopSample;
 use crate::analyze::summary::TraceSummary;
 use crate::codec;
 use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
+use alerts::{AlertWrite, HistoryQuery};
 use query::TraceQuery;
 use rollup::HopRollupRow;
 
@@ -128,6 +132,36 @@ pub trait Store: Send + Sync + 'static {
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;
+
+    /// Every alert instance that is not inactive, by rule and hop.
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError>;
+
+    /// Writes what an evaluation pass decided (instances, history, notifications to send)
+    /// in one transaction, so a notification is queued exactly when its change is stored.
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError>;
+
+    /// Evaluations of instances while pending or firing, newest first.
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError>;
+
+    /// Notifications whose next attempt is due at `now`, oldest first.
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError>;
+
+    /// The delivery log (every notification, pending or not), newest first.
+    async fn notifications(
+        &self,
+        rule: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError>;
+
+    /// Stores the outcome of a delivery attempt (attempts, next attempt, delivery, error).
+    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError>;
+
+    /// Deletes alert history and finished notifications older than the cutoff.
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError>;
 }
 
 /// Opens the store a database URL names and brings its schema up to date.

@@ -14,6 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
+use super::alerts::{AlertWrite, HistoryQuery, sqlite as alert_sql};
 use super::query::{
     AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
     finish_search, rollup_query, start_search, terms,
@@ -27,6 +28,8 @@ use super::{
     decode_operations, decode_rows,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
+use crate::alerts::eval::Instance;
+use crate::alerts::notify::Notification;
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -1035,6 +1038,53 @@ impl Store for SqliteStore {
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
+    }
+
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
+        alert_sql::instances(&self.reader).await
+    }
+
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
+        alert_sql::save(&mut tx, write).await?;
+        tx.commit().await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
+        alert_sql::history(&self.reader, query).await
+    }
+
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        alert_sql::due_notifications(&self.reader, now_unix_nano, limit).await
+    }
+
+    async fn notifications(
+        &self,
+        rule: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        alert_sql::notifications(&self.reader, rule, limit).await
+    }
+
+    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        alert_sql::record_attempt(&mut conn, notification).await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let deleted = alert_sql::delete_before(&mut conn, cutoff_unix_nano).await?;
+        conn.keep();
+        Ok(deleted)
     }
 }
 

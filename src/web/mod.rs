@@ -4,6 +4,7 @@
 //! here. `app(state)` builds the whole router, so tests drive it with `oneshot` and no
 //! socket.
 
+pub mod alerts;
 pub mod api;
 mod assets;
 pub mod charts;
@@ -19,6 +20,7 @@ use axum::http::Uri;
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 
+use crate::alerter::RuleBook;
 use crate::analyze::AnalyzeOptions;
 use crate::store::Store;
 
@@ -27,6 +29,8 @@ use crate::store::Store;
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub analyze: AnalyzeOptions,
+    /// The alert rules in force (the rules file's).
+    pub rules: Arc<RuleBook>,
 }
 
 pub fn app(state: AppState) -> Router {
@@ -38,6 +42,10 @@ pub fn app(state: AppState) -> Router {
         .route("/api/traces/{trace_id}/otlp", get(api::trace_otlp))
         .route("/api/hops", get(hops::hops))
         .route("/api/hops/{service}/{operation}/series", get(hops::series))
+        .route("/api/alerts", get(alerts::instances))
+        .route("/api/alerts/rules", get(alerts::rules))
+        .route("/api/alerts/history", get(alerts::history))
+        .route("/api/alerts/notifications", get(alerts::notifications))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
         .route("/", get(pages::overview::overview))
@@ -46,6 +54,8 @@ pub fn app(state: AppState) -> Router {
         .route("/traces/{trace_id}", get(pages::trace::trace))
         .route("/traces/{trace_id}/rows", get(pages::trace::rows))
         .route("/hops/{service}/{operation}", get(pages::hop::hop))
+        .route("/alerts", get(pages::alerts::alerts))
+        .route("/alerts/rules/{name}", get(pages::alerts::rule))
         .route("/static/{file}", get(assets::asset))
         .fallback(not_found)
         .with_state(state)

@@ -6,6 +6,7 @@
 //! no span name, attribute or service can inject markup or a `javascript:` URL. Every page
 //! state (range, filters, sort, selected span, time mode) is in the URL.
 
+pub mod alerts;
 pub mod hop;
 pub mod overview;
 pub mod trace;
@@ -122,17 +123,10 @@ pub async fn not_found(uri: axum::http::Uri) -> PageError {
     )
 }
 
-/// Percent-encodes one URL component (path segment or query value).
+/// Percent-encodes one URL component (path segment or query value); the same encoding
+/// notifications use for their links.
 pub fn enc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    crate::alerts::notify::path_component(text)
 }
 
 /// A query string from pairs, skipping empty values: `?a=1&b=x%20y` (or "" when none).

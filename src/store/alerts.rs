@@ -1,0 +1,372 @@
+//! Alert instances, their history and the notification outbox, for both backends: one
+//! implementation, instantiated per backend by `alert_sql!` (the SQL is the same on both;
+//! only the sqlx types differ).
+
+use crate::alerts::eval::{Instance, Severity, State};
+use crate::alerts::notify::Notification;
+
+use super::StoreError;
+
+/// What one evaluation pass writes, in one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct AlertWrite {
+    /// Instances to insert or update.
+    pub instances: Vec<Instance>,
+    /// (rule, service, operation) of instances that became inactive.
+    pub removed: Vec<(String, String, String)>,
+    pub history: Vec<Instance>,
+    /// New notifications to deliver.
+    pub notifications: Vec<Notification>,
+}
+
+/// Which history to read, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    pub rule: Option<String>,
+    pub service: Option<String>,
+    pub operation: Option<String>,
+    pub since_unix_nano: u64,
+    pub limit: u32,
+}
+
+pub(crate) const INSTANCE_COLUMNS: &str = "rule, service, operation, state, severity, value, \
+     short_value, threshold, requests, active_since, fired_at, cleared_since, resolved_at, evaluated_at";
+
+pub(crate) const HISTORY_COLUMNS: &str = "rule, service, operation, state, severity, value, \
+     short_value, threshold, requests, evaluated_at";
+
+pub(crate) const NOTIFICATION_COLUMNS: &str = "created_unix_nano, receiver, rule, service, \
+     operation, status, alert, attempts, next_attempt_unix_nano, delivered_unix_nano, last_error";
+
+pub(crate) const INSTANCE_UPSERT: &str = " ON CONFLICT (rule, service, operation) DO UPDATE SET \
+     state = excluded.state, severity = excluded.severity, value = excluded.value, \
+     short_value = excluded.short_value, threshold = excluded.threshold, \
+     requests = excluded.requests, active_since = excluded.active_since, \
+     fired_at = excluded.fired_at, cleared_since = excluded.cleared_since, \
+     resolved_at = excluded.resolved_at, evaluated_at = excluded.evaluated_at";
+
+/// Rows per multi-row statement: within both backends' bind limits.
+pub(crate) const CHUNK: usize = 500;
+
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn to_u64(n: i64) -> u64 {
+    n.max(0) as u64
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredInstance {
+    pub rule: String,
+    pub service: String,
+    pub operation: String,
+    pub state: String,
+    pub severity: String,
+    pub value: Option<f64>,
+    pub short_value: Option<f64>,
+    pub threshold: f64,
+    pub requests: i64,
+    pub active_since: i64,
+    pub fired_at: Option<i64>,
+    pub cleared_since: Option<i64>,
+    pub resolved_at: Option<i64>,
+    pub evaluated_at: i64,
+}
+
+impl StoredInstance {
+    pub fn decode(self) -> Result<Instance, StoreError> {
+        Ok(Instance {
+            state: State::parse(&self.state)
+                .ok_or_else(|| StoreError::Corrupt(format!("alert state {:?}", self.state)))?,
+            severity: Severity::parse(&self.severity).ok_or_else(|| {
+                StoreError::Corrupt(format!("alert severity {:?}", self.severity))
+            })?,
+            rule: self.rule,
+            service: self.service,
+            operation: self.operation,
+            value: self.value,
+            short_value: self.short_value,
+            threshold: self.threshold,
+            requests: self.requests,
+            active_since: to_u64(self.active_since),
+            fired_at: self.fired_at.map(to_u64),
+            cleared_since: self.cleared_since.map(to_u64),
+            resolved_at: self.resolved_at.map(to_u64),
+            evaluated_at: to_u64(self.evaluated_at),
+        })
+    }
+}
+
+/// History rows have no episode times; they decode into instances without them.
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredHistory {
+    pub rule: String,
+    pub service: String,
+    pub operation: String,
+    pub state: String,
+    pub severity: String,
+    pub value: Option<f64>,
+    pub short_value: Option<f64>,
+    pub threshold: f64,
+    pub requests: i64,
+    pub evaluated_at: i64,
+}
+
+impl StoredHistory {
+    pub fn decode(self) -> Result<Instance, StoreError> {
+        StoredInstance {
+            rule: self.rule,
+            service: self.service,
+            operation: self.operation,
+            state: self.state,
+            severity: self.severity,
+            value: self.value,
+            short_value: self.short_value,
+            threshold: self.threshold,
+            requests: self.requests,
+            active_since: self.evaluated_at,
+            fired_at: None,
+            cleared_since: None,
+            resolved_at: None,
+            evaluated_at: self.evaluated_at,
+        }
+        .decode()
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredNotification {
+    pub id: i64,
+    pub created_unix_nano: i64,
+    pub receiver: String,
+    pub rule: String,
+    pub service: String,
+    pub operation: String,
+    pub status: String,
+    pub alert: String,
+    pub attempts: i64,
+    pub next_attempt_unix_nano: Option<i64>,
+    pub delivered_unix_nano: Option<i64>,
+    pub last_error: String,
+}
+
+impl StoredNotification {
+    pub fn decode(self) -> Result<Notification, StoreError> {
+        Ok(Notification {
+            id: self.id,
+            created_unix_nano: to_u64(self.created_unix_nano),
+            receiver: self.receiver,
+            rule: self.rule,
+            service: self.service,
+            operation: self.operation,
+            status: self.status,
+            alert: serde_json::from_str(&self.alert)
+                .map_err(|e| StoreError::Corrupt(format!("notification {}: {e}", self.id)))?,
+            attempts: self.attempts,
+            next_attempt_unix_nano: self.next_attempt_unix_nano.map(to_u64),
+            delivered_unix_nano: self.delivered_unix_nano.map(to_u64),
+            last_error: self.last_error,
+        })
+    }
+}
+
+/// The alert statements, for one sqlx backend `$db`. Reads take the backend's pool (or any
+/// executor); writes take a connection inside the caller's transaction.
+macro_rules! alert_sql {
+    ($db:ty) => {
+        use sqlx::QueryBuilder;
+        use $crate::alerts::eval::Instance;
+        use $crate::alerts::notify::Notification;
+        use $crate::store::StoreError;
+        use $crate::store::alerts::*;
+
+        type Conn = <$db as sqlx::Database>::Connection;
+
+        pub(crate) async fn instances<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+        ) -> Result<Vec<Instance>, StoreError> {
+            let rows: Vec<StoredInstance> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {INSTANCE_COLUMNS} FROM alert_instances ORDER BY rule, service, operation"
+            )))
+            .fetch_all(executor)
+            .await?;
+            rows.into_iter().map(StoredInstance::decode).collect()
+        }
+
+        pub(crate) async fn save(conn: &mut Conn, write: &AlertWrite) -> Result<(), StoreError> {
+            for chunk in write.removed.chunks(CHUNK) {
+                let mut q: QueryBuilder<$db> = QueryBuilder::new(
+                    "DELETE FROM alert_instances WHERE (rule, service, operation) IN (",
+                );
+                q.push_values(chunk, |mut b, (rule, service, operation)| {
+                    b.push_bind(rule.as_str())
+                        .push_bind(service.as_str())
+                        .push_bind(operation.as_str());
+                });
+                q.push(")");
+                q.build().execute(&mut *conn).await?;
+            }
+            for chunk in write.instances.chunks(CHUNK) {
+                let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
+                    "INSERT INTO alert_instances ({INSTANCE_COLUMNS}) "
+                ));
+                q.push_values(chunk, |mut b, i| {
+                    b.push_bind(i.rule.as_str())
+                        .push_bind(i.service.as_str())
+                        .push_bind(i.operation.as_str())
+                        .push_bind(i.state.as_str())
+                        .push_bind(i.severity.as_str())
+                        .push_bind(i.value)
+                        .push_bind(i.short_value)
+                        .push_bind(i.threshold)
+                        .push_bind(i.requests)
+                        .push_bind(to_i64(i.active_since))
+                        .push_bind(i.fired_at.map(to_i64))
+                        .push_bind(i.cleared_since.map(to_i64))
+                        .push_bind(i.resolved_at.map(to_i64))
+                        .push_bind(to_i64(i.evaluated_at));
+                });
+                q.push(INSTANCE_UPSERT);
+                q.build().execute(&mut *conn).await?;
+            }
+            for chunk in write.history.chunks(CHUNK) {
+                let mut q: QueryBuilder<$db> =
+                    QueryBuilder::new(format!("INSERT INTO alert_history ({HISTORY_COLUMNS}) "));
+                q.push_values(chunk, |mut b, i| {
+                    b.push_bind(i.rule.as_str())
+                        .push_bind(i.service.as_str())
+                        .push_bind(i.operation.as_str())
+                        .push_bind(i.state.as_str())
+                        .push_bind(i.severity.as_str())
+                        .push_bind(i.value)
+                        .push_bind(i.short_value)
+                        .push_bind(i.threshold)
+                        .push_bind(i.requests)
+                        .push_bind(to_i64(i.evaluated_at));
+                });
+                q.build().execute(&mut *conn).await?;
+            }
+            for chunk in write.notifications.chunks(CHUNK) {
+                let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
+                    "INSERT INTO alert_notifications ({NOTIFICATION_COLUMNS}) "
+                ));
+                q.push_values(chunk, |mut b, n| {
+                    b.push_bind(to_i64(n.created_unix_nano))
+                        .push_bind(n.receiver.as_str())
+                        .push_bind(n.rule.as_str())
+                        .push_bind(n.service.as_str())
+                        .push_bind(n.operation.as_str())
+                        .push_bind(n.status.as_str())
+                        .push_bind(n.alert.to_string())
+                        .push_bind(n.attempts)
+                        .push_bind(n.next_attempt_unix_nano.map(to_i64))
+                        .push_bind(n.delivered_unix_nano.map(to_i64))
+                        .push_bind(n.last_error.as_str());
+                });
+                q.build().execute(&mut *conn).await?;
+            }
+            Ok(())
+        }
+
+        pub(crate) async fn history<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+            query: &HistoryQuery,
+        ) -> Result<Vec<Instance>, StoreError> {
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
+                "SELECT {HISTORY_COLUMNS} FROM alert_history WHERE evaluated_at >= "
+            ));
+            q.push_bind(to_i64(query.since_unix_nano));
+            for (column, value) in [
+                ("rule", &query.rule),
+                ("service", &query.service),
+                ("operation", &query.operation),
+            ] {
+                if let Some(value) = value {
+                    q.push(format!(" AND {column} = ")).push_bind(value.clone());
+                }
+            }
+            q.push(" ORDER BY evaluated_at DESC, id DESC LIMIT ")
+                .push_bind(i64::from(query.limit));
+            let rows: Vec<StoredHistory> = q.build_query_as().fetch_all(executor).await?;
+            rows.into_iter().map(StoredHistory::decode).collect()
+        }
+
+        pub(crate) async fn due_notifications<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+            now: u64,
+            limit: u32,
+        ) -> Result<Vec<Notification>, StoreError> {
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
+                "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications \
+                 WHERE next_attempt_unix_nano <= "
+            ));
+            q.push_bind(to_i64(now))
+                .push(" ORDER BY next_attempt_unix_nano, id LIMIT ")
+                .push_bind(i64::from(limit));
+            let rows: Vec<StoredNotification> = q.build_query_as().fetch_all(executor).await?;
+            rows.into_iter().map(StoredNotification::decode).collect()
+        }
+
+        pub(crate) async fn notifications<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+            rule: Option<&str>,
+            limit: u32,
+        ) -> Result<Vec<Notification>, StoreError> {
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
+                "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications"
+            ));
+            if let Some(rule) = rule {
+                q.push(" WHERE rule = ").push_bind(rule.to_string());
+            }
+            q.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit));
+            let rows: Vec<StoredNotification> = q.build_query_as().fetch_all(executor).await?;
+            rows.into_iter().map(StoredNotification::decode).collect()
+        }
+
+        pub(crate) async fn record_attempt(
+            conn: &mut Conn,
+            n: &Notification,
+        ) -> Result<(), StoreError> {
+            let mut q: QueryBuilder<$db> =
+                QueryBuilder::new("UPDATE alert_notifications SET attempts = ");
+            q.push_bind(n.attempts)
+                .push(", next_attempt_unix_nano = ")
+                .push_bind(n.next_attempt_unix_nano.map(to_i64))
+                .push(", delivered_unix_nano = ")
+                .push_bind(n.delivered_unix_nano.map(to_i64))
+                .push(", last_error = ")
+                .push_bind(n.last_error.as_str())
+                .push(" WHERE id = ")
+                .push_bind(n.id);
+            q.build().execute(&mut *conn).await?;
+            Ok(())
+        }
+
+        /// Deletes history and finished notifications older than the cutoff.
+        pub(crate) async fn delete_before(
+            conn: &mut Conn,
+            cutoff_unix_nano: u64,
+        ) -> Result<u64, StoreError> {
+            let cutoff = to_i64(cutoff_unix_nano);
+            let mut q: QueryBuilder<$db> =
+                QueryBuilder::new("DELETE FROM alert_history WHERE evaluated_at < ");
+            q.push_bind(cutoff);
+            let mut deleted = q.build().execute(&mut *conn).await?.rows_affected();
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(
+                "DELETE FROM alert_notifications WHERE next_attempt_unix_nano IS NULL AND created_unix_nano < ",
+            );
+            q.push_bind(cutoff);
+            deleted += q.build().execute(&mut *conn).await?.rows_affected();
+            Ok(deleted)
+        }
+    };
+}
+
+pub(crate) mod sqlite {
+    alert_sql!(sqlx::Sqlite);
+}
+
+pub(crate) mod postgres {
+    alert_sql!(sqlx::Postgres);
+}
