@@ -1525,11 +1525,10 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let index_seconds = started.elapsed().as_secs_f64();
 
     // 3. Queries through the router.
-    let app = crate::web::app(crate::web::AppState {
-        store: store.clone(),
-        analyze: AnalyzeOptions::default(),
-        rules: Default::default(),
-    });
+    let app = crate::web::app(crate::web::AppState::new(
+        store.clone(),
+        AnalyzeOptions::default(),
+    ));
     let time = |uri: String| {
         let app = app.clone();
         async move {
@@ -1660,11 +1659,10 @@ async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
 
     let dir = tempfile::tempdir()?;
     let store = store::open(&format!("sqlite://{}", dir.path().join("ui.db").display())).await?;
-    let app = crate::web::app(crate::web::AppState {
-        store: store.clone(),
-        analyze: AnalyzeOptions::default(),
-        rules: Default::default(),
-    });
+    let app = crate::web::app(crate::web::AppState::new(
+        store.clone(),
+        AnalyzeOptions::default(),
+    ));
     println!(
         "## trace page server time (SQLite, through the router), {} runs each",
         bench.runs

@@ -150,6 +150,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 tolerance_ms: config.tolerance_ms,
             },
             rules: rules.clone(),
+            external_url: config.external_url.clone(),
         }),
         stop_accepting.clone(),
         "ui and api",

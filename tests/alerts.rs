@@ -327,3 +327,420 @@ async fn pending_notifications_survive_a_restart() {
     );
     server.shutdown().await;
 }
+
+async fn send(
+    server: &budgetscope::server::RunningServer,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request =
+        reqwest::Client::new().request(method, format!("http://{}{}", server.http_addr, path));
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_are_created_changed_and_deleted_through_the_api_and_backtested() {
+    use reqwest::Method;
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let (hook, hook_addr) = Hook::start(0).await;
+        let dir = tempfile::tempdir().unwrap();
+        let rules = rules_file(dir.path(), hook_addr);
+        let server = start(&db, &fast_alerts(&rules)).await;
+        // Two bursts of local exceeds, 2 h and 1 h ago, between healthy traffic.
+        for (id, late, ago_min) in [
+            (1, true, 120),
+            (2, true, 120),
+            (3, false, 90),
+            (4, true, 60),
+            (5, false, 30),
+        ] {
+            post_otlp(
+                &server,
+                &otlp_request(&checkout(id, late), ago_min * 60_000),
+            )
+            .await;
+        }
+        common::wait_until_searchable(&server, "service=edge&since=-3h", &hex::encode([5u8; 16]))
+            .await;
+
+        let rule = serde_json::json!({
+            "name": "stored-burn", "service": "edge", "signal": "local_exceed_ratio",
+            "op": ">", "threshold": 0.5, "window": "5m", "receivers": ["ops"],
+        });
+        let (status, backtest) = send(
+            &server,
+            Method::POST,
+            "/api/alerts/rules/backtest",
+            Some(rule.clone()),
+        )
+        .await;
+        assert_eq!(status, 200, "{backend}: {backtest}");
+        let episodes = backtest["episodes"].as_array().unwrap();
+        assert_eq!(episodes.len(), 2, "{backend}: one per burst: {backtest}");
+        assert_eq!(backtest["hops_selected"], 1);
+
+        let (status, created) = send(
+            &server,
+            Method::POST,
+            "/api/alerts/rules",
+            Some(rule.clone()),
+        )
+        .await;
+        assert_eq!(status, 201, "{backend}: {created}");
+        assert_eq!(created["source"], "database");
+        let (_, listed) = get_json(&server, "/api/alerts/rules").await;
+        let names: Vec<&str> = listed["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["checkout-burning", "needs-more-traffic", "stored-burn"],
+            "{backend}"
+        );
+
+        // Problems name the field; names are unique across the file and the database.
+        let mut bad = rule.clone();
+        bad["window"] = "5s".into();
+        bad["name"] = "other".into();
+        let (status, body) = send(&server, Method::POST, "/api/alerts/rules", Some(bad)).await;
+        assert_eq!(status, 400);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("field window: must be at least 1m"),
+            "{body}"
+        );
+        let (status, body) = send(
+            &server,
+            Method::POST,
+            "/api/alerts/rules",
+            Some(rule.clone()),
+        )
+        .await;
+        assert_eq!(status, 400);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("another rule has this name"),
+            "{body}"
+        );
+        let mut clash = rule.clone();
+        clash["name"] = "checkout-burning".into();
+        let (status, body) = send(&server, Method::POST, "/api/alerts/rules", Some(clash)).await;
+        assert_eq!(status, 400);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("rules file has this name"),
+            "{body}"
+        );
+        let (status, body) = send(
+            &server,
+            Method::POST,
+            "/api/alerts/rules",
+            Some(serde_json::json!({"name": "x", "treshold": 1})),
+        )
+        .await;
+        assert_eq!(status, 400);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("treshold"),
+            "{body}"
+        );
+
+        // Changed, then deleted; rules of the file are read-only.
+        let mut changed = rule.clone();
+        changed["threshold"] = 0.9.into();
+        let (status, body) = send(
+            &server,
+            Method::PUT,
+            "/api/alerts/rules/stored-burn",
+            Some(changed),
+        )
+        .await;
+        assert_eq!(
+            (status, &body["threshold"]),
+            (200, &Value::from(0.9)),
+            "{body}"
+        );
+        for (method, path, body, expected) in [
+            (
+                Method::PUT,
+                "/api/alerts/rules/checkout-burning",
+                Some(rule.clone()),
+                409,
+            ),
+            (
+                Method::DELETE,
+                "/api/alerts/rules/checkout-burning",
+                None,
+                409,
+            ),
+            (Method::DELETE, "/api/alerts/rules/stored-burn", None, 204),
+            (Method::DELETE, "/api/alerts/rules/stored-burn", None, 404),
+        ] {
+            let (status, answer) = send(&server, method.clone(), path, body).await;
+            assert_eq!(status, expected, "{backend}: {method} {path}: {answer}");
+        }
+
+        // A test notification reaches the receiver at once, marked as a test.
+        let (status, body) = send(
+            &server,
+            Method::POST,
+            "/api/alerts/rules/checkout-burning/test",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["deliveries"][0]["delivered"], true, "{body}");
+        let test = hook.wait_for("firing").await;
+        assert_eq!(test["alerts"][0]["labels"]["test"], "true");
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silence_holds_notifications_back_until_it_ends() {
+    use reqwest::Method;
+    let db = TestDb::sqlite();
+    let (hook, hook_addr) = Hook::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path(), hook_addr);
+    let server = start(&db, &fast_alerts(&rules)).await;
+    let silence = serde_json::json!({
+        "matchers": ["service=edge", "alertname=~checkout-*"], "duration": "1h",
+        "comment": "deploying edge", "created_by": "test",
+    });
+    let (status, created) =
+        send(&server, Method::POST, "/api/alerts/silences", Some(silence)).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["status"], "active");
+    let (status, body) = send(
+        &server,
+        Method::POST,
+        "/api/alerts/silences",
+        Some(serde_json::json!({"matchers": "service", "comment": "x"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("field matchers"),
+        "{body}"
+    );
+
+    for id in 1..=4 {
+        post_otlp(&server, &otlp_request(&checkout(id, true), 500)).await;
+    }
+    // It fires, silenced: shown, not sent.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get_json(&server, "/api/alerts").await;
+        if body["instances"][0]["state"] == "firing" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never fired: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = get_text(&server, "/alerts").await;
+    assert!(
+        page.contains(&format!("silenced by #{}", created["id"])),
+        "{page}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        hook.received.lock().unwrap().is_empty(),
+        "a silenced alert was sent"
+    );
+
+    // Expired: the still-firing instance is notified.
+    let (status, expired) = send(
+        &server,
+        Method::DELETE,
+        &format!("/api/alerts/silences/{}", created["id"]),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, expired["status"].as_str()),
+        (200, Some("expired")),
+        "{expired}"
+    );
+    let firing = hook.wait_for("firing").await;
+    assert_eq!(
+        firing["alerts"][0]["labels"]["alertname"],
+        "checkout-burning"
+    );
+    server.shutdown().await;
+}
+
+fn form_body(pairs: &[(&str, &str)]) -> String {
+    use budgetscope::web::pages::enc;
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forms_save_rules_and_refuse_other_sites() {
+    let db = TestDb::sqlite();
+    let (_hook, hook_addr) = Hook::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules_file(dir.path(), hook_addr);
+    let server = start(&db, &fast_alerts(&rules)).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let url = |path: &str| format!("http://{}{}", server.http_addr, path);
+    let form = [
+        ("name", "from-the-form"),
+        ("service", "edge"),
+        ("operation", ""),
+        ("signal", "overspent_ratio"),
+        ("op", ">"),
+        ("threshold", "0.2"),
+        ("window", "10m"),
+        ("for", "1m"),
+        ("min_requests", "5"),
+        ("labels", "team=web"),
+        ("receivers", "ops"),
+        ("summary", "{{service}} overspends"),
+        ("action", "save"),
+    ];
+    // From another site: refused, by Sec-Fetch-Site or by Origin.
+    for (header, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "http://evil.example"),
+    ] {
+        let response = client
+            .post(url("/alerts/rules/new"))
+            .header(header, value)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form_body(&form))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{header}");
+        let response = client
+            .post(url("/api/alerts/silences"))
+            .header(header, value)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 403, "{header} on the API");
+    }
+    // A field with a problem comes back with the form, the problem next to it.
+    let mut wrong = form;
+    wrong[5] = ("threshold", "a lot");
+    let response = client
+        .post(url("/alerts/rules/new"))
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&wrong))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let page = response.text().await.unwrap();
+    assert!(page.contains("&#34;a lot&#34; is not a number"), "{page}");
+    assert!(
+        page.contains("value=\"from-the-form\""),
+        "the form keeps what was typed"
+    );
+    // Backtest without saving.
+    let mut backtest = form;
+    backtest[12] = ("action", "backtest");
+    let response = client
+        .post(url("/alerts/rules/new"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&backtest))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response
+            .text()
+            .await
+            .unwrap()
+            .contains("would not have fired in the last 24 hours")
+    );
+    assert!(
+        !get_text(&server, "/alerts").await.contains("from-the-form"),
+        "a backtest saves nothing"
+    );
+    // Saved: a redirect to its page, which shows it.
+    let origin = format!("http://{}", server.http_addr);
+    let response = client
+        .post(url("/alerts/rules/new"))
+        .header("origin", &origin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form_body(&form))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 303);
+    assert_eq!(
+        response.headers()["location"],
+        "/alerts/rules/from-the-form"
+    );
+    let page = get_text(&server, "/alerts/rules/from-the-form").await;
+    assert!(
+        page.contains("overspent_ratio &#62; 0.2 over 10m for 1m"),
+        "{page}"
+    );
+    let edit = get_text(&server, "/alerts/rules/from-the-form/edit").await;
+    assert!(edit.contains("value=\"team=web\""), "{edit}");
+    // Paused, then deleted.
+    let response = client
+        .post(url("/alerts/rules/from-the-form/pause"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 303);
+    let (_, listed) = get_json(&server, "/api/alerts/rules").await;
+    assert_eq!(listed["rules"][2]["paused"], true, "{listed}");
+    let response = client
+        .post(url("/alerts/rules/from-the-form/delete"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 303);
+    let page = get_text(&server, "/alerts/rules/from-the-form").await;
+    assert!(page.contains("No such alert rule"));
+    // A file rule has no edit form.
+    let response = client
+        .get(url("/alerts/rules/checkout-burning/edit"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    server.shutdown().await;
+}

@@ -27,11 +27,7 @@ async fn trace_search_and_hops_through_the_router() {
         let store = store::open(&db.url).await.unwrap();
         let spans = checkout_a_minute_ago();
         store.write_spans(&spans).await.unwrap();
-        let state = AppState {
-            store: store.clone(),
-            analyze: AnalyzeOptions::default(),
-            rules: Default::default(),
-        };
+        let state = AppState::new(store.clone(), AnalyzeOptions::default());
         let trace_id = spans[0].trace_id.to_hex();
 
         let (status, trace) = get(&state, &format!("/api/traces/{trace_id}")).await;

@@ -35,11 +35,7 @@ async fn get(state: &AppState, uri: &str) -> Page {
 async fn every_page_shows_the_budget_story() {
     for db in TestDb::all().await {
         let store = store::open(&db.url).await.unwrap();
-        let state = AppState {
-            store: store.clone(),
-            analyze: AnalyzeOptions::default(),
-            rules: Default::default(),
-        };
+        let state = AppState::new(store.clone(), AnalyzeOptions::default());
         let backend = db.backend;
 
         // A new installation: the overview says how to send traces.
@@ -193,11 +189,7 @@ async fn every_page_shows_the_budget_story() {
 async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
-    let state = AppState {
-        store: store.clone(),
-        analyze: AnalyzeOptions::default(),
-        rules: Default::default(),
-    };
+    let state = AppState::new(store.clone(), AnalyzeOptions::default());
     let spans = budgetscope::bench::large_trace(1000);
     store.write_spans(&spans).await.unwrap();
     let id = spans[0].trace_id.to_hex();
@@ -268,11 +260,7 @@ async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
 async fn errors_are_friendly_pages_that_say_what_to_do() {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
-    let state = AppState {
-        store,
-        analyze: AnalyzeOptions::default(),
-        rules: Default::default(),
-    };
+    let state = AppState::new(store, AnalyzeOptions::default());
     for (uri, status, says) in [
         ("/traces/xyz", 400, "give the 32 hex digits"),
         (

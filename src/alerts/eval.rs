@@ -88,6 +88,8 @@ pub struct Instance {
     pub cleared_since: Option<u64>,
     pub resolved_at: Option<u64>,
     pub evaluated_at: u64,
+    /// Whether this firing episode was notified (the runner's, from silences; kept here).
+    pub notified: bool,
 }
 
 impl Instance {
@@ -301,6 +303,7 @@ fn step(
         cleared_since: None,
         resolved_at: None,
         evaluated_at: now,
+        notified: false,
     };
     let updated = |prev: &Instance| Instance {
         value: reading.value,

@@ -5,6 +5,8 @@
 //! instances, history and notification bodies out. No clock, database or network
 //! (`tests/analysis_is_pure.rs` checks the imports); `alerter.rs` does the IO.
 
+pub mod backtest;
 pub mod eval;
 pub mod notify;
 pub mod rules;
+pub mod silence;

@@ -279,6 +279,7 @@ mod tests {
             cleared_since: None,
             resolved_at: (state == State::Resolved).then_some(1_764_000_600_000_000_000),
             evaluated_at: 1_764_000_600_000_000_000,
+            notified: true,
         }
     }
 

@@ -61,6 +61,17 @@ impl Histogram {
         }
     }
 
+    /// Takes `other`'s counts back out: the inverse of `merge`.
+    pub fn unmerge(&mut self, other: &Histogram) {
+        for (key, count) in &other.buckets {
+            let entry = self.buckets.entry(*key).or_insert(0);
+            *entry -= count;
+            if *entry == 0 {
+                self.buckets.remove(key);
+            }
+        }
+    }
+
     pub fn count(&self) -> i64 {
         self.buckets.values().filter(|c| **c > 0).sum()
     }
@@ -231,6 +242,18 @@ impl Rollup {
         self.self_ms.merge(&other.self_ms);
     }
 
+    /// Takes `other` back out: the inverse of `merge` (a sliding window's oldest minute).
+    pub fn unmerge(&mut self, other: &Rollup) {
+        self.requests -= other.requests;
+        for (total, count) in self.counts.iter_mut().zip(other.counts) {
+            *total -= count;
+        }
+        self.wasted_ms -= other.wasted_ms;
+        self.budget.unmerge(&other.budget);
+        self.burn.unmerge(&other.burn);
+        self.self_ms.unmerge(&other.self_ms);
+    }
+
     pub fn count(&self, name: &str) -> i64 {
         COUNTED
             .iter()
@@ -299,6 +322,11 @@ edge server "GET /" 0 1200 budget=1000
         rollup.add(&samples[1], 1);
         rollup.add(&samples[1], -1);
         assert_eq!(rollup, snapshot);
+        let mut other = Rollup::default();
+        other.add(&samples[1], 1);
+        rollup.merge(&other);
+        rollup.unmerge(&other);
+        assert_eq!(rollup, snapshot, "unmerge undoes merge");
         assert_eq!(rollup.count("local_exceed"), 1);
     }
 }

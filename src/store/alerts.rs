@@ -4,6 +4,7 @@
 
 use crate::alerts::eval::{Instance, Severity, State};
 use crate::alerts::notify::Notification;
+use crate::alerts::silence::{Matcher, Silence};
 
 use super::StoreError;
 
@@ -30,7 +31,8 @@ pub struct HistoryQuery {
 }
 
 pub(crate) const INSTANCE_COLUMNS: &str = "rule, service, operation, state, severity, value, \
-     short_value, threshold, requests, active_since, fired_at, cleared_since, resolved_at, evaluated_at";
+     short_value, threshold, requests, active_since, fired_at, cleared_since, resolved_at, evaluated_at, \
+     notified";
 
 pub(crate) const HISTORY_COLUMNS: &str = "rule, service, operation, state, severity, value, \
      short_value, threshold, requests, evaluated_at";
@@ -43,7 +45,8 @@ pub(crate) const INSTANCE_UPSERT: &str = " ON CONFLICT (rule, service, operation
      short_value = excluded.short_value, threshold = excluded.threshold, \
      requests = excluded.requests, active_since = excluded.active_since, \
      fired_at = excluded.fired_at, cleared_since = excluded.cleared_since, \
-     resolved_at = excluded.resolved_at, evaluated_at = excluded.evaluated_at";
+     resolved_at = excluded.resolved_at, evaluated_at = excluded.evaluated_at, \
+     notified = excluded.notified";
 
 /// Rows per multi-row statement: within both backends' bind limits.
 pub(crate) const CHUNK: usize = 500;
@@ -72,6 +75,7 @@ pub(crate) struct StoredInstance {
     pub cleared_since: Option<i64>,
     pub resolved_at: Option<i64>,
     pub evaluated_at: i64,
+    pub notified: i64,
 }
 
 impl StoredInstance {
@@ -94,6 +98,7 @@ impl StoredInstance {
             cleared_since: self.cleared_since.map(to_u64),
             resolved_at: self.resolved_at.map(to_u64),
             evaluated_at: to_u64(self.evaluated_at),
+            notified: self.notified != 0,
         })
     }
 }
@@ -130,6 +135,7 @@ impl StoredHistory {
             cleared_since: None,
             resolved_at: None,
             evaluated_at: self.evaluated_at,
+            notified: 0,
         }
         .decode()
     }
@@ -169,6 +175,44 @@ impl StoredNotification {
             last_error: self.last_error,
         })
     }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredSilence {
+    pub id: i64,
+    pub matchers: String,
+    pub starts_unix_nano: i64,
+    pub ends_unix_nano: i64,
+    pub comment: String,
+    pub created_by: String,
+    pub created_unix_nano: i64,
+}
+
+impl StoredSilence {
+    pub fn decode(self) -> Result<Silence, StoreError> {
+        let corrupt = |e: String| StoreError::Corrupt(format!("silence {}: {e}", self.id));
+        let texts: Vec<String> =
+            serde_json::from_str(&self.matchers).map_err(|e| corrupt(e.to_string()))?;
+        let matchers = texts
+            .iter()
+            .map(|t| Matcher::parse(t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(corrupt)?;
+        Ok(Silence {
+            id: self.id,
+            matchers,
+            starts_unix_nano: to_u64(self.starts_unix_nano),
+            ends_unix_nano: to_u64(self.ends_unix_nano),
+            comment: self.comment,
+            created_by: self.created_by,
+            created_unix_nano: to_u64(self.created_unix_nano),
+        })
+    }
+}
+
+pub(crate) fn encode_matchers(silence: &Silence) -> String {
+    let texts: Vec<String> = silence.matchers.iter().map(ToString::to_string).collect();
+    serde_json::Value::from(texts).to_string()
 }
 
 /// The alert statements, for one sqlx backend `$db`. Reads take the backend's pool (or any
@@ -225,7 +269,8 @@ macro_rules! alert_sql {
                         .push_bind(i.fired_at.map(to_i64))
                         .push_bind(i.cleared_since.map(to_i64))
                         .push_bind(i.resolved_at.map(to_i64))
-                        .push_bind(to_i64(i.evaluated_at));
+                        .push_bind(to_i64(i.evaluated_at))
+                        .push_bind(i64::from(i.notified));
                 });
                 q.push(INSTANCE_UPSERT);
                 q.build().execute(&mut *conn).await?;
@@ -343,6 +388,93 @@ macro_rules! alert_sql {
             Ok(())
         }
 
+        /// (name, definition) of the rules stored by the UI or the API, by name.
+        pub(crate) async fn rule_specs<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+        ) -> Result<Vec<(String, String)>, StoreError> {
+            Ok(sqlx::query_as("SELECT name, definition FROM alert_rules ORDER BY name")
+                .fetch_all(executor)
+                .await?)
+        }
+
+        pub(crate) async fn put_rule(
+            conn: &mut Conn,
+            name: &str,
+            definition: &str,
+            now: u64,
+        ) -> Result<(), StoreError> {
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(
+                "INSERT INTO alert_rules (name, definition, updated_unix_nano) VALUES (",
+            );
+            q.push_bind(name.to_string())
+                .push(", ")
+                .push_bind(definition.to_string())
+                .push(", ")
+                .push_bind(to_i64(now))
+                .push(
+                    ") ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, \
+                     updated_unix_nano = excluded.updated_unix_nano",
+                );
+            q.build().execute(&mut *conn).await?;
+            Ok(())
+        }
+
+        pub(crate) async fn delete_rule(conn: &mut Conn, name: &str) -> Result<bool, StoreError> {
+            let mut q: QueryBuilder<$db> =
+                QueryBuilder::new("DELETE FROM alert_rules WHERE name = ");
+            q.push_bind(name.to_string());
+            Ok(q.build().execute(&mut *conn).await?.rows_affected() > 0)
+        }
+
+        pub(crate) async fn silences<'e>(
+            executor: impl sqlx::Executor<'e, Database = $db>,
+        ) -> Result<Vec<Silence>, StoreError> {
+            let rows: Vec<StoredSilence> = sqlx::query_as(
+                "SELECT id, matchers, starts_unix_nano, ends_unix_nano, comment, created_by, \
+                 created_unix_nano FROM alert_silences ORDER BY id DESC",
+            )
+            .fetch_all(executor)
+            .await?;
+            rows.into_iter().map(StoredSilence::decode).collect()
+        }
+
+        /// Inserts a silence (id 0) or updates one; returns its id.
+        pub(crate) async fn put_silence(
+            conn: &mut Conn,
+            silence: &Silence,
+        ) -> Result<i64, StoreError> {
+            if silence.id != 0 {
+                let mut q: QueryBuilder<$db> =
+                    QueryBuilder::new("UPDATE alert_silences SET matchers = ");
+                q.push_bind(encode_matchers(silence))
+                    .push(", starts_unix_nano = ")
+                    .push_bind(to_i64(silence.starts_unix_nano))
+                    .push(", ends_unix_nano = ")
+                    .push_bind(to_i64(silence.ends_unix_nano))
+                    .push(", comment = ")
+                    .push_bind(silence.comment.clone())
+                    .push(" WHERE id = ")
+                    .push_bind(silence.id);
+                q.build().execute(&mut *conn).await?;
+                return Ok(silence.id);
+            }
+            let mut q: QueryBuilder<$db> = QueryBuilder::new(
+                "INSERT INTO alert_silences (matchers, starts_unix_nano, ends_unix_nano, comment, \
+                 created_by, created_unix_nano) ",
+            );
+            q.push_values([silence], |mut b, s| {
+                b.push_bind(encode_matchers(s))
+                    .push_bind(to_i64(s.starts_unix_nano))
+                    .push_bind(to_i64(s.ends_unix_nano))
+                    .push_bind(s.comment.clone())
+                    .push_bind(s.created_by.clone())
+                    .push_bind(to_i64(s.created_unix_nano));
+            });
+            q.push(" RETURNING id");
+            let (id,): (i64,) = q.build_query_as().fetch_one(&mut *conn).await?;
+            Ok(id)
+        }
+
         /// Deletes history and finished notifications older than the cutoff.
         pub(crate) async fn delete_before(
             conn: &mut Conn,
@@ -356,6 +488,10 @@ macro_rules! alert_sql {
             let mut q: QueryBuilder<$db> = QueryBuilder::new(
                 "DELETE FROM alert_notifications WHERE next_attempt_unix_nano IS NULL AND created_unix_nano < ",
             );
+            q.push_bind(cutoff);
+            deleted += q.build().execute(&mut *conn).await?.rows_affected();
+            let mut q: QueryBuilder<$db> =
+                QueryBuilder::new("DELETE FROM alert_silences WHERE ends_unix_nano < ");
             q.push_bind(cutoff);
             deleted += q.build().execute(&mut *conn).await?.rows_affected();
             Ok(deleted)

@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::alerts::eval::Instance;
 use crate::alerts::notify::Notification;
+use crate::alerts::silence::Silence;
 use crate::analyze::hops::HopSample;
 use crate::analyze::summary::TraceSummary;
 use crate::codec;
@@ -160,8 +161,29 @@ pub trait Store: Send + Sync + 'static {
     /// Stores the outcome of a delivery attempt (attempts, next attempt, delivery, error).
     async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError>;
 
-    /// Deletes alert history and finished notifications older than the cutoff.
+    /// Deletes alert history, finished notifications and silences that ended before the
+    /// cutoff.
     async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError>;
+
+    /// (name, definition JSON) of the alert rules created in the UI or the API.
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Creates or replaces a stored alert rule.
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes a stored alert rule; false when there was none of that name.
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Every silence, newest first.
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError>;
+
+    /// Inserts a silence (id 0) or updates one; returns its id.
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError>;
 }
 
 /// Opens the store a database URL names and brings its schema up to date.

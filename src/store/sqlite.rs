@@ -30,6 +30,7 @@ use super::{
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
 use crate::alerts::eval::Instance;
 use crate::alerts::notify::Notification;
+use crate::alerts::silence::Silence;
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -1085,6 +1086,40 @@ impl Store for SqliteStore {
         let deleted = alert_sql::delete_before(&mut conn, cutoff_unix_nano).await?;
         conn.keep();
         Ok(deleted)
+    }
+
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        alert_sql::rule_specs(&self.reader).await
+    }
+
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        alert_sql::put_rule(&mut conn, name, definition, now_unix_nano).await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let deleted = alert_sql::delete_rule(&mut conn, name).await?;
+        conn.keep();
+        Ok(deleted)
+    }
+
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
+        alert_sql::silences(&self.reader).await
+    }
+
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let id = alert_sql::put_silence(&mut conn, silence).await?;
+        conn.keep();
+        Ok(id)
     }
 }
 

@@ -34,6 +34,22 @@ impl ApiError {
         }
     }
 
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::CONFLICT,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            code,
+            message: message.into(),
+        }
+    }
+
     /// What the client is told.
     pub fn message(&self) -> &str {
         &self.message

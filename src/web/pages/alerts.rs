@@ -4,16 +4,18 @@
 use std::collections::BTreeMap;
 
 use askama::Template;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State as AxumState};
 use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{PageError, enc, fmt_time, hop_href, html, now_unix_nano};
-use crate::alerts::eval::Instance;
-use crate::alerts::notify::{Notification, fmt_value};
-use crate::alerts::rules::Rule;
+use crate::alerts::eval::{Instance, State};
+use crate::alerts::notify::{Notification, fmt_value, labels};
+use crate::alerts::rules::{Rule, RuleSet};
+use crate::alerts::silence::{Silence, silenced_by};
 use crate::store::alerts::HistoryQuery;
 use crate::web::AppState;
+use crate::web::alerts::problems_message;
 
 /// History rows shown on a rule page.
 const HISTORY_ROWS: u32 = 200;
@@ -31,6 +33,20 @@ pub struct InstanceRow {
     pub threshold: String,
     pub requests: i64,
     pub since: String,
+    /// "silenced by #3", or empty.
+    pub silenced: String,
+}
+
+pub struct SilenceRow {
+    pub id: i64,
+    pub matchers: String,
+    pub status: &'static str,
+    pub starts: String,
+    pub ends: String,
+    pub comment: String,
+    pub created_by: String,
+    /// Whether it can still be expired.
+    pub running: bool,
 }
 
 pub struct RuleRow {
@@ -73,6 +89,8 @@ pub struct AlertsPage {
     pub rules_file: Option<String>,
     pub instances: Vec<InstanceRow>,
     pub rules: Vec<RuleRow>,
+    pub not_in_force: Vec<(String, String)>,
+    pub silences: Vec<SilenceRow>,
     pub deliveries: Vec<DeliveryRow>,
 }
 
@@ -81,6 +99,11 @@ pub struct AlertsPage {
 pub struct RulePage {
     pub nav: &'static str,
     pub name: String,
+    pub href: String,
+    pub stored: bool,
+    pub paused: bool,
+    pub has_receivers: bool,
+    pub test_outcome: Option<String>,
     pub definition: Vec<(&'static str, String)>,
     pub instances: Vec<InstanceRow>,
     pub history: Vec<HistoryRow>,
@@ -111,13 +134,23 @@ fn condition(rule: &Rule) -> String {
     text
 }
 
-fn instance_row(instance: &Instance) -> InstanceRow {
+fn instance_row(
+    instance: &Instance,
+    rules: &RuleSet,
+    silences: &[Silence],
+    now: u64,
+) -> InstanceRow {
+    let silenced = rules
+        .rules
+        .iter()
+        .find(|r| r.name == instance.rule)
+        .and_then(|rule| silenced_by(silences, &labels(rule, instance), now))
+        .filter(|_| instance.state != State::Resolved)
+        .map_or(String::new(), |id| format!("silenced by #{id}"));
     let since = match instance.state {
-        crate::alerts::eval::State::Pending => instance.active_since,
-        crate::alerts::eval::State::Firing => instance.fired_at.unwrap_or(instance.active_since),
-        crate::alerts::eval::State::Resolved => {
-            instance.resolved_at.unwrap_or(instance.evaluated_at)
-        }
+        State::Pending => instance.active_since,
+        State::Firing => instance.fired_at.unwrap_or(instance.active_since),
+        State::Resolved => instance.resolved_at.unwrap_or(instance.evaluated_at),
     };
     InstanceRow {
         rule: instance.rule.clone(),
@@ -130,6 +163,25 @@ fn instance_row(instance: &Instance) -> InstanceRow {
         threshold: fmt_value(Some(instance.threshold)),
         requests: instance.requests,
         since: fmt_time(since),
+        silenced,
+    }
+}
+
+fn silence_row(silence: &Silence, now: u64) -> SilenceRow {
+    SilenceRow {
+        id: silence.id,
+        matchers: silence
+            .matchers
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        status: silence.status(now),
+        starts: fmt_time(silence.starts_unix_nano),
+        ends: fmt_time(silence.ends_unix_nano),
+        comment: silence.comment.clone(),
+        created_by: silence.created_by.clone(),
+        running: silence.status(now) != "expired",
     }
 }
 
@@ -147,12 +199,12 @@ fn delivery_row(n: &Notification) -> DeliveryRow {
     }
 }
 
-pub async fn alerts(State(state): State<AppState>) -> Result<Response, PageError> {
+pub async fn alerts(AxumState(state): AxumState<AppState>) -> Result<Response, PageError> {
     let set = state.rules.current();
     let instances = state.store.alert_instances().await?;
     let mut firing: BTreeMap<&str, usize> = BTreeMap::new();
     for instance in &instances {
-        if instance.state == crate::alerts::eval::State::Firing {
+        if instance.state == State::Firing {
             *firing.entry(instance.rule.as_str()).or_default() += 1;
         }
     }
@@ -173,9 +225,9 @@ pub async fn alerts(State(state): State<AppState>) -> Result<Response, PageError
     let mut ordered: Vec<&Instance> = instances.iter().collect();
     ordered.sort_by_key(|i| {
         let rank = match i.state {
-            crate::alerts::eval::State::Firing => 0,
-            crate::alerts::eval::State::Pending => 1,
-            crate::alerts::eval::State::Resolved => 2,
+            State::Firing => 0,
+            State::Pending => 1,
+            State::Resolved => 2,
         };
         (
             rank,
@@ -183,21 +235,34 @@ pub async fn alerts(State(state): State<AppState>) -> Result<Response, PageError
         )
     });
     let deliveries = state.store.notifications(None, DELIVERIES).await?;
+    let silences = state.store.silences().await?;
+    let now = now_unix_nano();
     Ok(html(
         StatusCode::OK,
         &AlertsPage {
             nav: "alerts",
             rules_file: state.rules.file().map(|p| p.display().to_string()),
-            instances: ordered.into_iter().map(instance_row).collect(),
+            instances: ordered
+                .into_iter()
+                .map(|i| instance_row(i, &set, &silences, now))
+                .collect(),
             rules,
+            not_in_force: state
+                .rules
+                .broken()
+                .iter()
+                .map(|(name, errors)| (name.clone(), problems_message(errors)))
+                .collect(),
+            silences: silences.iter().map(|s| silence_row(s, now)).collect(),
             deliveries: deliveries.iter().map(delivery_row).collect(),
         },
     ))
 }
 
 pub async fn rule(
-    State(state): State<AppState>,
+    AxumState(state): AxumState<AppState>,
     Path(name): Path<String>,
+    Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
     let set = state.rules.current();
     let Some(rule) = set.rules.iter().find(|r| r.name == name) else {
@@ -208,13 +273,15 @@ pub async fn rule(
             ),
         ));
     };
+    let silences = state.store.silences().await?;
+    let now = now_unix_nano();
     let instances: Vec<InstanceRow> = state
         .store
         .alert_instances()
         .await?
         .iter()
         .filter(|i| i.rule == name)
-        .map(instance_row)
+        .map(|i| instance_row(i, &set, &silences, now))
         .collect();
     let history = state
         .store
@@ -274,6 +341,11 @@ pub async fn rule(
         &RulePage {
             nav: "alerts",
             name: rule.name.clone(),
+            href: rule_href(&rule.name),
+            stored: rule.source == crate::alerts::rules::RuleSource::Database,
+            paused: rule.paused,
+            has_receivers: !rule.receivers.is_empty(),
+            test_outcome: params.get("test").cloned(),
             definition,
             instances,
             history: history

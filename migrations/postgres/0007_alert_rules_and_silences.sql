@@ -1,0 +1,23 @@
+-- Alert rules created in the UI or the API (the rules file's are not stored). The
+-- definition is the rule as JSON, in the rules file's field names (alerts::rules::RuleSpec).
+CREATE TABLE alert_rules (
+    name              TEXT PRIMARY KEY,
+    definition        TEXT NOT NULL,
+    updated_unix_nano BIGINT NOT NULL
+);
+
+-- Silences: while one is active, instances whose labels match all its matchers send no
+-- notifications. Matchers are a JSON array of strings such as "service=inventory".
+CREATE TABLE alert_silences (
+    id                BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    matchers          TEXT NOT NULL,
+    starts_unix_nano  BIGINT NOT NULL,
+    ends_unix_nano    BIGINT NOT NULL,
+    comment           TEXT NOT NULL,
+    created_by        TEXT NOT NULL,
+    created_unix_nano BIGINT NOT NULL
+);
+
+-- Whether the current firing episode of an instance was notified: a change while it is
+-- silenced is not, and is notified once the silence ends if the instance still fires.
+ALTER TABLE alert_instances ADD COLUMN notified BIGINT NOT NULL DEFAULT 0;

@@ -1,0 +1,383 @@
+//! The alert runner: evaluates the rules every `--alert-interval` over the hop rollups of
+//! their windows, stores what changed, and delivers the notifications.
+//!
+//! Architecture invariant: the decisions are `alerts::eval`'s (pure); this module only
+//! reads rollups and instances, writes the evaluation's result and sends. A notification is
+//! queued in the same transaction as the state change that causes it (an outbox), and
+//! delivery reads the queue: a crash between the two loses nothing, and a notification is
+//! sent once per change (again only when a delivery's answer was lost).
+
+mod delivery;
+mod rulebook;
+
+pub use delivery::{Failure, MAX_ATTEMPTS, TestDelivery, after_attempt, deliver, send_test};
+pub use rulebook::{RuleBook, RulesFileError, read_rules_file, refresh_stored_rules};
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::alerts::eval::{self, Change, Evaluation, HopKey, HopRollups, Instance, State, Windows};
+use crate::alerts::notify::{self, Context, ExampleTrace, Notification};
+use crate::alerts::rules::{Rule, RuleSet};
+use crate::alerts::silence::{Silence, silenced_by};
+use crate::analyze::hops::Rollup;
+use crate::store::alerts::AlertWrite;
+use crate::store::query::TraceQuery;
+use crate::store::{Store, StoreError};
+
+const MINUTE: u64 = 60_000_000_000;
+
+#[derive(Debug, Clone)]
+pub struct AlerterOptions {
+    pub interval: Duration,
+    /// How far behind the clock a window ends, so late traces are summarised first.
+    pub delay: Duration,
+    /// The UI's address as users reach it (links in notifications), without trailing `/`.
+    pub external_url: String,
+}
+
+pub(crate) fn now_unix_nano() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The minute-aligned `[since, until)` a window of `length` reads when evaluated at `now`:
+/// the minutes that cover the `length` before `now − delay`, so it never reads less than
+/// `length` (and at most a minute more).
+pub fn window_range(now: u64, delay: Duration, length: Duration) -> (u64, u64) {
+    let at = now.saturating_sub(nanos(delay));
+    let since = at.saturating_sub(nanos(length));
+    (since - since % MINUTE, (at / MINUTE + 1) * MINUTE)
+}
+
+/// Every hop's rollup over `[since, until)`.
+async fn hop_rollups(store: &dyn Store, since: u64, until: u64) -> Result<HopRollups, StoreError> {
+    let mut merged: HopRollups = BTreeMap::new();
+    for row in store.hop_rollups(since, until, None, None, true).await? {
+        merged
+            .entry((row.service, row.operation))
+            .or_default()
+            .merge(&row.rollup);
+    }
+    Ok(merged)
+}
+
+/// What one evaluation pass did, for logs and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub rules: usize,
+    pub instances: usize,
+    pub changes: usize,
+    pub notifications: usize,
+}
+
+/// Evaluates every rule once at `now` and stores the outcome.
+pub async fn evaluate_once(
+    store: &dyn Store,
+    rules: &RuleSet,
+    options: &AlerterOptions,
+    now: u64,
+) -> Result<PassReport, StoreError> {
+    let mut previous: HashMap<String, BTreeMap<HopKey, Instance>> = HashMap::new();
+    for instance in store.alert_instances().await? {
+        previous
+            .entry(instance.rule.clone())
+            .or_default()
+            .insert(instance.key(), instance);
+    }
+    // One read per distinct window length, shared by the rules that use it.
+    let mut windows: BTreeMap<Duration, HopRollups> = BTreeMap::new();
+    for rule in rules.rules.iter().filter(|r| !r.paused) {
+        for length in std::iter::once(rule.window).chain(rule.short_window) {
+            if let std::collections::btree_map::Entry::Vacant(entry) = windows.entry(length) {
+                let (since, until) = window_range(now, options.delay, length);
+                entry.insert(hop_rollups(store, since, until).await?);
+            }
+        }
+    }
+    let silences = store.silences().await?;
+    let empty = HopRollups::new();
+    let mut write = AlertWrite::default();
+    let mut report = PassReport {
+        rules: rules.rules.len(),
+        ..PassReport::default()
+    };
+    let mut changes: Vec<(&Rule, Change, Instance)> = Vec::new();
+    for rule in &rules.rules {
+        let windows = Windows {
+            long: windows.get(&rule.window).unwrap_or(&empty),
+            short: rule.short_window.and_then(|w| windows.get(&w)),
+        };
+        let before = previous.remove(&rule.name).unwrap_or_default();
+        let mut outcome = eval::evaluate(rule, now, windows, &before);
+        for instance in &mut outcome.instances {
+            if let Some(change) = to_notify(rule, instance, &outcome.changes, &silences, now) {
+                changes.push((rule, change, instance.clone()));
+            }
+        }
+        collect(&mut write, outcome, &rule.name);
+    }
+    // Instances of rules that are gone: what fired resolves, the rest goes. Nobody is
+    // notified: the rule that named the receivers no longer exists.
+    for (name, instances) in previous {
+        let mut outcome = Evaluation::default();
+        for instance in instances.values() {
+            eval::stop(instance, now, &mut outcome);
+        }
+        outcome.changes.clear();
+        collect(&mut write, outcome, &name);
+    }
+    for (rule, change, instance) in &changes {
+        let context = context(store, rule, instance, options, now).await;
+        let alert = notify::alert(rule, instance, *change, &context);
+        for receiver in &rule.receivers {
+            write.notifications.push(Notification {
+                id: 0,
+                created_unix_nano: now,
+                receiver: receiver.clone(),
+                rule: rule.name.clone(),
+                service: instance.service.clone(),
+                operation: instance.operation.clone(),
+                status: alert["status"].as_str().unwrap_or("firing").to_string(),
+                alert: alert.clone(),
+                attempts: 0,
+                next_attempt_unix_nano: Some(now),
+                delivered_unix_nano: None,
+                last_error: String::new(),
+            });
+        }
+    }
+    report.instances = write.instances.len();
+    report.changes = changes.len();
+    report.notifications = write.notifications.len();
+    store.save_alerts(&write).await?;
+    Ok(report)
+}
+
+/// Whether an instance, as just evaluated, sends a notification, and as which change; marks
+/// a firing instance notified. A firing instance notifies once per episode (and again when
+/// its severity changes), not while a silence matches it: a change made while silenced is
+/// notified when the silence ends, if the instance still fires then. A resolution is
+/// notified when the firing was.
+fn to_notify(
+    rule: &Rule,
+    instance: &mut Instance,
+    changes: &[(Change, Instance)],
+    silences: &[Silence],
+    now: u64,
+) -> Option<Change> {
+    let change = changes
+        .iter()
+        .find(|(_, i)| i.service == instance.service && i.operation == instance.operation)
+        .map(|(c, _)| *c);
+    match instance.state {
+        State::Firing => {
+            let silenced = silenced_by(silences, &notify::labels(rule, instance), now).is_some();
+            if silenced {
+                return None;
+            }
+            let notified = std::mem::replace(&mut instance.notified, true);
+            match (notified, change) {
+                (false, _) => Some(Change::Fired),
+                (true, Some(Change::SeverityChanged)) => Some(Change::SeverityChanged),
+                (true, _) => None,
+            }
+        }
+        State::Resolved => {
+            (change == Some(Change::Resolved) && instance.notified).then_some(Change::Resolved)
+        }
+        State::Pending => None,
+    }
+}
+
+fn collect(write: &mut AlertWrite, outcome: Evaluation, rule: &str) {
+    write.instances.extend(outcome.instances);
+    write.history.extend(outcome.history);
+    write.removed.extend(
+        outcome
+            .removed
+            .into_iter()
+            .map(|(service, operation)| (rule.to_string(), service, operation)),
+    );
+}
+
+/// The evidence and example traces of a state change: the hop's numbers over the window,
+/// and up to 3 traces of the window that show the rule's flag on this hop's traces.
+async fn context(
+    store: &dyn Store,
+    rule: &Rule,
+    instance: &Instance,
+    options: &AlerterOptions,
+    now: u64,
+) -> Context {
+    let (since, until) = window_range(now, options.delay, rule.window);
+    let rollup = store
+        .hop_rollups(
+            since,
+            until,
+            Some(&instance.service),
+            Some(&instance.operation),
+            true,
+        )
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .fold(Rollup::default(), |mut sum, row| {
+            sum.merge(&row.rollup);
+            sum
+        });
+    let query = TraceQuery {
+        service: Some(instance.service.clone()),
+        operation: Some(instance.operation.clone()),
+        flag: rule.signal.flag(),
+        since_unix_nano: Some(since),
+        until_unix_nano: Some(until),
+        limit: 3,
+        ..TraceQuery::default()
+    };
+    let examples = match store.search_traces(&query).await {
+        Ok(found) => found,
+        Err(error) => {
+            tracing::warn!(%error, rule = %rule.name, "could not find example traces for a notification");
+            Vec::new()
+        }
+    };
+    let external = options.external_url.trim_end_matches('/');
+    Context {
+        external_url: external.to_string(),
+        evidence: eval::evidence(&rollup),
+        example_traces: examples
+            .iter()
+            .map(|summary| {
+                let id = summary.trace_id.to_hex();
+                ExampleTrace {
+                    url: format!("{external}/traces/{id}"),
+                    trace_id: id,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// The most hops one backtest looks at, so that it answers within a page load.
+pub const BACKTEST_HOPS: usize = 500;
+
+/// How far back a backtest looks.
+pub const BACKTEST_SPAN: Duration = Duration::from_secs(24 * 3600);
+
+/// When `rule` would have fired over the last `BACKTEST_SPAN` of rollups, evaluated once a
+/// minute. Of the hops it selects, the `BACKTEST_HOPS` with the most requests are tried;
+/// the second value says how many hops it selected in all.
+pub async fn backtest(
+    store: &dyn Store,
+    rule: &Rule,
+    now: u64,
+) -> Result<(crate::alerts::backtest::Backtest, usize), StoreError> {
+    let to = now - now % MINUTE;
+    let from = to.saturating_sub(nanos(BACKTEST_SPAN));
+    let since = from.saturating_sub(nanos(rule.window) + MINUTE);
+    let rows = store
+        .hop_rollups(
+            since,
+            to,
+            rule.service.literal(),
+            rule.operation.literal(),
+            false,
+        )
+        .await?;
+    let mut minutes: crate::alerts::backtest::MinuteRollups = BTreeMap::new();
+    for row in rows {
+        if rule.service.matches(&row.service) && rule.operation.matches(&row.operation) {
+            minutes
+                .entry((row.service, row.operation))
+                .or_default()
+                .insert(row.minute_unix_nano, row.rollup);
+        }
+    }
+    let selected = minutes.len();
+    if selected > BACKTEST_HOPS {
+        let mut by_traffic: Vec<(i64, HopKey)> = minutes
+            .iter()
+            .map(|(key, m)| (-m.values().map(|r| r.requests).sum::<i64>(), key.clone()))
+            .collect();
+        by_traffic.sort();
+        let kept: BTreeSet<HopKey> = by_traffic
+            .into_iter()
+            .take(BACKTEST_HOPS)
+            .map(|(_, key)| key)
+            .collect();
+        minutes.retain(|key, _| kept.contains(key));
+    }
+    let result = tokio::task::spawn_blocking({
+        let rule = rule.clone();
+        move || crate::alerts::backtest::backtest(&rule, &minutes, from, to)
+    })
+    .await
+    .map_err(|e| StoreError::Unavailable(format!("the backtest stopped: {e}")))?;
+    Ok((result, selected))
+}
+
+/// Evaluates every `interval` until `stop`.
+pub async fn run(
+    store: Arc<dyn Store>,
+    rules: Arc<RuleBook>,
+    options: AlerterOptions,
+    stop: CancellationToken,
+) {
+    loop {
+        if let Err(error) = refresh_stored_rules(store.as_ref(), &rules).await {
+            tracing::warn!(%error, "reading the stored alert rules failed; using the last ones read");
+        }
+        let set = rules.current();
+        if !set.rules.is_empty() {
+            match evaluate_once(store.as_ref(), &set, &options, now_unix_nano()).await {
+                Ok(report) if report.changes > 0 => {
+                    tracing::info!(
+                        changes = report.changes,
+                        notifications = report.notifications,
+                        "alert states changed"
+                    )
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "evaluating alert rules failed; will try again")
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(options.interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_covers_its_length_before_now_minus_the_delay_in_whole_minutes() {
+        let now = 100 * MINUTE + 10_000_000_000;
+        assert_eq!(
+            window_range(now, Duration::from_secs(40), Duration::from_secs(300)),
+            (94 * MINUTE, 100 * MINUTE)
+        );
+        assert_eq!(
+            window_range(now, Duration::ZERO, Duration::from_secs(90)),
+            (98 * MINUTE, 101 * MINUTE)
+        );
+        assert_eq!(
+            window_range(100 * MINUTE, Duration::ZERO, Duration::from_secs(60)),
+            (99 * MINUTE, 101 * MINUTE)
+        );
+    }
+}
