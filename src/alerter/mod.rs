@@ -59,16 +59,54 @@ pub fn window_range(now: u64, delay: Duration, length: Duration) -> (u64, u64) {
     (since - since % MINUTE, (at / MINUTE + 1) * MINUTE)
 }
 
-/// Every hop's rollup over `[since, until)`.
-async fn hop_rollups(store: &dyn Store, since: u64, until: u64) -> Result<HopRollups, StoreError> {
-    let mut merged: HopRollups = BTreeMap::new();
-    for row in store.hop_rollups(since, until, None, None, true).await? {
-        merged
-            .entry((row.service, row.operation))
-            .or_default()
-            .merge(&row.rollup);
+/// Windows up to this long are all summed from one read of minute rows; longer ones are
+/// read one by one, whole hours from the hourly rollups.
+const ONE_READ: Duration = Duration::from_secs(3600);
+
+/// Every hop's rollup over each window length. The windows up to `ONE_READ` share one read
+/// of minute rows (the longest of them), summed per window as the rows stream by; with
+/// 10,000 hops a read costs ~8 µs a row on SQLite, most of an evaluation (BENCHMARKS.md,
+/// "Alerts").
+async fn read_windows(
+    store: &dyn Store,
+    lengths: &BTreeSet<Duration>,
+    now: u64,
+    delay: Duration,
+) -> Result<BTreeMap<Duration, HopRollups>, StoreError> {
+    let mut windows: BTreeMap<Duration, HopRollups> = BTreeMap::new();
+    let (short, long): (Vec<Duration>, Vec<Duration>) =
+        lengths.iter().partition(|l| **l <= ONE_READ);
+    if let Some(longest) = short.last() {
+        let (since, until) = window_range(now, delay, *longest);
+        let starts: Vec<(Duration, u64)> = short
+            .iter()
+            .map(|l| (*l, window_range(now, delay, *l).0))
+            .collect();
+        for row in store.hop_rollups(since, until, None, None, false).await? {
+            let key = (row.service, row.operation);
+            for (length, start) in &starts {
+                if row.minute_unix_nano >= *start {
+                    windows
+                        .entry(*length)
+                        .or_default()
+                        .entry(key.clone())
+                        .or_default()
+                        .merge(&row.rollup);
+                }
+            }
+        }
     }
-    Ok(merged)
+    for length in long {
+        let (since, until) = window_range(now, delay, length);
+        let merged = windows.entry(length).or_default();
+        for row in store.hop_rollups(since, until, None, None, true).await? {
+            merged
+                .entry((row.service, row.operation))
+                .or_default()
+                .merge(&row.rollup);
+        }
+    }
+    Ok(windows)
 }
 
 /// What one evaluation pass did, for logs and tests.
@@ -94,16 +132,13 @@ pub async fn evaluate_once(
             .or_default()
             .insert(instance.key(), instance);
     }
-    // One read per distinct window length, shared by the rules that use it.
-    let mut windows: BTreeMap<Duration, HopRollups> = BTreeMap::new();
-    for rule in rules.rules.iter().filter(|r| !r.paused) {
-        for length in std::iter::once(rule.window).chain(rule.short_window) {
-            if let std::collections::btree_map::Entry::Vacant(entry) = windows.entry(length) {
-                let (since, until) = window_range(now, options.delay, length);
-                entry.insert(hop_rollups(store, since, until).await?);
-            }
-        }
-    }
+    let lengths: BTreeSet<Duration> = rules
+        .rules
+        .iter()
+        .filter(|r| !r.paused)
+        .flat_map(|r| std::iter::once(r.window).chain(r.short_window))
+        .collect();
+    let windows = read_windows(store, &lengths, now, options.delay).await?;
     let silences = store.silences().await?;
     let empty = HopRollups::new();
     let mut write = AlertWrite::default();

@@ -206,14 +206,17 @@ fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The hops of `hops` a rule's globs select. A literal service name is looked up by range
-/// instead of testing every hop.
+/// The hops of `hops` a rule's globs select. A literal service name, or a literal start
+/// followed by `*`, is looked up as a key range instead of testing every hop: with 10,000
+/// hops, 1,000 rules evaluated 2.3–2.9 times as fast (BENCHMARKS.md, "Alerts").
 fn matching<'a>(rule: &'a Rule, hops: &'a HopRollups) -> Box<dyn Iterator<Item = &'a HopKey> + 'a> {
-    let candidates: Box<dyn Iterator<Item = &HopKey>> = match rule.service.literal() {
-        Some(service) => Box::new(
-            hops.range((service.to_string(), String::new())..)
+    let start = rule.service.literal().or(rule.service.prefix());
+    let candidates: Box<dyn Iterator<Item = &HopKey>> = match start {
+        Some(start) => Box::new(
+            hops.range((start.to_string(), String::new())..)
                 .map(|(key, _)| key)
-                .take_while(move |(s, _)| s == service),
+                .take_while(move |(s, _)| s.starts_with(start))
+                .filter(|(s, _)| rule.service.matches(s)),
         ),
         None => Box::new(hops.keys().filter(|(s, _)| rule.service.matches(s))),
     };
@@ -417,7 +420,7 @@ pub fn evidence(rollup: &Rollup) -> Evidence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alerts::rules::parse_file;
+    use crate::alerts::rules::{NamePattern, parse_file};
     use crate::analyze::hops::COUNTED;
 
     const S: u64 = 1_000_000_000;
@@ -652,5 +655,12 @@ mod tests {
         let out = evaluate(&rule(""), 0, long(&hops), &BTreeMap::new());
         assert_eq!(out.instances.len(), 1);
         assert_eq!(out.instances[0].service, "inventory");
+        let mut prefixed = rule("");
+        prefixed.service = NamePattern::parse("inv*").unwrap();
+        assert_eq!(prefixed.service.prefix(), Some("inv"));
+        let out = evaluate(&prefixed, 0, long(&hops), &BTreeMap::new());
+        let services: Vec<&str> = out.instances.iter().map(|i| i.service.as_str()).collect();
+        assert_eq!(services, ["inventory", "inventory2"]);
+        assert_eq!(NamePattern::parse("a*b*").unwrap().prefix(), None);
     }
 }

@@ -188,6 +188,12 @@ impl NamePattern {
         &self.text
     }
 
+    /// The literal start every match has, when the pattern is that start followed by `*`.
+    pub fn prefix(&self) -> Option<&str> {
+        let start = self.text.strip_suffix('*')?;
+        (!start.contains(['*', '?', '[', '{', '\\'])).then_some(start)
+    }
+
     /// The one name this pattern matches, when it has no wildcard.
     pub fn literal(&self) -> Option<&str> {
         self.matcher.is_none().then_some(self.text.as_str())
