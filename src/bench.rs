@@ -1505,6 +1505,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let indexer = IndexerOptions {
         quiet_period: Duration::ZERO,
         analyze: AnalyzeOptions::default(),
+        metrics: Default::default(),
     };
     let mut traces = 0usize;
     let mut last_report = Instant::now();

@@ -17,6 +17,7 @@ use crate::analyze::hops::samples;
 use crate::analyze::summary::summarize;
 use crate::analyze::{AnalyzeOptions, analyze};
 use crate::ingest::Ingestor;
+use crate::metrics::Metrics;
 use crate::model::{Span, TraceId};
 use crate::store::{Store, StoreError};
 
@@ -27,6 +28,8 @@ const PASS_SIZE: u32 = 200;
 pub struct IndexerOptions {
     pub quiet_period: Duration,
     pub analyze: AnalyzeOptions,
+    /// Receives the rollup changes each pass writes (`/metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 /// While ingest is backlogged, the analyzer rests this many times as long as its last pass
@@ -123,6 +126,11 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<u
     })
     .await
     .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
-    store.write_summaries(&summaries, &marks).await?;
+    let deltas = store.write_summaries(&summaries, &marks).await?;
+    options.metrics.record_rollups(&deltas);
+    options
+        .metrics
+        .traces_analysed
+        .inc_by(summaries.len() as u64);
     Ok(ids.len())
 }

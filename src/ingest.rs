@@ -320,6 +320,11 @@ impl Ingestor {
         answer.await.unwrap_or(Err(IngestError::Unavailable))
     }
 
+    /// Spans admitted and not yet committed (the queue's depth).
+    pub fn queued_spans(&self) -> u64 {
+        (self.max_queued_spans - self.admission.available_permits()) as u64
+    }
+
     /// Whether an admitted request is waiting for a writer right now: the store is the
     /// bottleneck, and background work that also writes (the analyzer) should make room.
     pub fn backlogged(&self) -> bool {

@@ -19,6 +19,7 @@ use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor, WriterPriority};
+use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
 use crate::store::{self, Store};
@@ -93,11 +94,13 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         store.clone(),
         &ingest_options(&config.db, config.max_queued_spans, config.writer_priority),
     );
+    let metrics = Arc::new(Metrics::default());
     let receiver = Receiver::new(
         ingestor.clone(),
         NormalizeOptions {
             budget_keys: config.budget_keys.clone(),
         },
+        metrics.clone(),
     );
 
     let bind = |addr: SocketAddr, flag: &'static str| async move {
@@ -151,6 +154,8 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             },
             rules: rules.clone(),
             external_url: config.external_url.clone(),
+            metrics: metrics.clone(),
+            ingest: Some(ingestor.clone()),
         }),
         stop_accepting.clone(),
         "ui and api",
@@ -174,6 +179,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 analyze: AnalyzeOptions {
                     tolerance_ms: config.tolerance_ms,
                 },
+                metrics: metrics.clone(),
             },
             ingestor.clone(),
             stop_background.clone(),

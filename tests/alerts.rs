@@ -244,6 +244,44 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
         let page = get_text(&server, "/alerts/rules/no-such-rule").await;
         assert!(page.contains("No such alert rule"), "{page}");
 
+        // /metrics, read by a Prometheus text parser: the hop's exceeds and the alert.
+        let text = get_text(&server, "/metrics").await;
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .unwrap_or_else(|e| panic!("{backend}: /metrics does not parse ({e}):\n{text}"));
+        let value = |name: &str, labels: &[(&str, &str)]| {
+            scrape
+                .samples
+                .iter()
+                .find(|s| {
+                    s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+                })
+                .map(|s| match s.value {
+                    prometheus_parse::Value::Counter(v)
+                    | prometheus_parse::Value::Gauge(v)
+                    | prometheus_parse::Value::Untyped(v) => v,
+                    _ => f64::NAN,
+                })
+                .unwrap_or_else(|| panic!("{backend}: no {name} {labels:?} in\n{text}"))
+        };
+        let hop = [("service", "edge"), ("operation", "GET /checkout")];
+        assert_eq!(value("budgetscope_hop_requests_total", &hop), 4.0);
+        assert_eq!(
+            value(
+                "budgetscope_hop_deadline_exceeded_total",
+                &[hop[0], hop[1], ("origin", "local")]
+            ),
+            4.0
+        );
+        assert_eq!(
+            value(
+                "budgetscope_alert_instances",
+                &[("alertname", "checkout-burning"), ("state", "firing")]
+            ),
+            1.0
+        );
+        assert_eq!(value("budgetscope_spans_stored_total", &[]), 4.0);
+        assert_eq!(value("budgetscope_spans_received_total", &[]), 4.0);
+
         // The delivery log shows the retries.
         let (_, log) = get_json(&server, "/api/alerts/notifications").await;
         let delivered = &log["notifications"][0];

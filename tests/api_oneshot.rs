@@ -47,6 +47,7 @@ async fn trace_search_and_hops_through_the_router() {
         let options = IndexerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
+            metrics: Default::default(),
         };
         assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
         let (_, found) = get(

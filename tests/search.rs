@@ -206,6 +206,7 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
         let options = IndexerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
+            metrics: Default::default(),
         };
         let always_backlogged = || true;
         let stop = CancellationToken::new();

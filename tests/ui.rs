@@ -54,6 +54,7 @@ async fn every_page_shows_the_budget_story() {
         let options = IndexerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
+            metrics: Default::default(),
         };
         assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
         let id = spans[0].trace_id.to_hex();

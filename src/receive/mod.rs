@@ -19,6 +19,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 
 use crate::ingest::{Admission, IngestError, Ingestor};
+use crate::metrics::Metrics;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::EncodedBatch;
 
@@ -54,11 +55,20 @@ impl Accepted {
 pub struct Receiver {
     ingestor: Arc<Ingestor>,
     options: NormalizeOptions,
+    metrics: Arc<Metrics>,
 }
 
 impl Receiver {
-    pub fn new(ingestor: Arc<Ingestor>, options: NormalizeOptions) -> Arc<Receiver> {
-        Arc::new(Receiver { ingestor, options })
+    pub fn new(
+        ingestor: Arc<Ingestor>,
+        options: NormalizeOptions,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Receiver> {
+        Arc::new(Receiver {
+            ingestor,
+            options,
+            metrics,
+        })
     }
 
     /// Normalises, validates and commits one export request. `warning`, when given, is a
@@ -94,7 +104,10 @@ impl Receiver {
         if span_count == 0 {
             return Ok(Prepared(None));
         }
-        let admission = self.ingestor.admit(span_count)?;
+        let admission = self.ingestor.admit(span_count).inspect_err(|_| {
+            self.metrics.spans_refused.inc_by(span_count as u64);
+        })?;
+        self.metrics.spans_received.inc_by(span_count as u64);
         let (batch, accepted) = prepare(
             request,
             &self.options,
@@ -112,7 +125,17 @@ impl Receiver {
                 error_message: String::new(),
             });
         };
-        self.ingestor.commit(admission, batch).await?;
+        let spans = batch.len() as u64;
+        self.metrics.spans_rejected.inc_by(accepted.rejected);
+        match self.ingestor.commit(admission, batch).await {
+            Ok(()) => {
+                self.metrics.spans_stored.inc_by(spans);
+            }
+            Err(error) => {
+                self.metrics.spans_refused.inc_by(spans);
+                return Err(error);
+            }
+        }
         Ok(accepted)
     }
 }

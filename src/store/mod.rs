@@ -113,11 +113,12 @@ pub trait Store: Send + Sync + 'static {
     /// Upserts summaries, replaces each trace's contribution to the hop rollups, and clears
     /// each analysed trace's mark unless a span arrived since (its mark changed), in which
     /// case the trace will be analysed again. One transaction.
+    /// Returns the per-minute rollup changes it made.
     async fn write_summaries(
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<(), StoreError>;
+    ) -> Result<Vec<(rollup::RollupKey, crate::analyze::hops::Rollup)>, StoreError>;
 
     /// Hop rollups for `[since, until)` (minute-aligned), optionally of one service or
     /// operation. With `hourly`, whole hours inside the range come as one row per hour

@@ -404,7 +404,7 @@ impl Store for PostgresStore {
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut rows: Vec<SummaryRow> = traces
             .iter()
             .map(|(summary, _)| encode_summary(summary))
@@ -529,7 +529,7 @@ impl Store for PostgresStore {
         .await?;
         tx.commit().await?;
         self.refresh_statistics(traces.len() as u64).await;
-        Ok(())
+        Ok(minutes)
     }
 
     async fn hop_rollups(

@@ -15,7 +15,7 @@ pub struct HopRollupRow {
 }
 
 /// (service, operation, minute).
-pub(crate) type RollupKey = (String, String, u64);
+pub type RollupKey = (String, String, u64);
 
 pub(crate) const TRACE_HOP_COLUMNS: &str =
     "service, operation, start_unix_nano, budget_ms, burn, self_ms, counts, wasted_ms";

@@ -852,7 +852,7 @@ impl Store for SqliteStore {
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let rows: Vec<SummaryRow> = traces
             .iter()
             .map(|(summary, _)| encode_summary(summary))
@@ -989,7 +989,7 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         conn.keep();
-        Ok(())
+        Ok(minutes)
     }
 
     async fn hop_rollups(

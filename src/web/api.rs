@@ -27,6 +27,21 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     ))
 }
 
+/// Prometheus exposition (OpenMetrics text): `metrics.rs` says what is in it.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let alerts = state.store.alert_instances().await?;
+    let queued = state.ingest.as_ref().map_or(0, |i| i.queued_spans());
+    let text = state.metrics.render(&alerts, queued);
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
 pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::not_found(
         "not_found",

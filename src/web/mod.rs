@@ -24,6 +24,8 @@ use axum::routing::{delete, get, post, put};
 
 use crate::alerter::RuleBook;
 use crate::analyze::AnalyzeOptions;
+use crate::ingest::Ingestor;
+use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// What every handler may use.
@@ -35,6 +37,9 @@ pub struct AppState {
     pub rules: Arc<RuleBook>,
     /// The UI's address as people reach it, for links sent elsewhere.
     pub external_url: String,
+    pub metrics: Arc<Metrics>,
+    /// The ingest pipeline, for its queue depth in `/metrics` (none in tests of the router).
+    pub ingest: Option<Arc<Ingestor>>,
 }
 
 impl AppState {
@@ -45,6 +50,8 @@ impl AppState {
             analyze,
             rules: Default::default(),
             external_url: "http://localhost".into(),
+            metrics: Default::default(),
+            ingest: None,
         }
     }
 }
@@ -52,6 +59,7 @@ impl AppState {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(api::healthz))
+        .route("/metrics", get(api::metrics))
         .route("/readyz", get(api::readyz))
         .route("/api/traces", get(search::search))
         .route("/api/traces/{trace_id}", get(api::trace))
