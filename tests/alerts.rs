@@ -241,6 +241,19 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
                 "{path}: {body}"
             );
         }
+        // The overview and the hop's page show what fires.
+        for path in ["/", "/hops/edge/GET%20%2Fcheckout"] {
+            let page = get_text(&server, path).await;
+            assert!(
+                page.contains("Firing alerts") && page.contains("/alerts/rules/checkout-burning"),
+                "{backend}: {path} does not show the firing alert:\n{page}"
+            );
+        }
+        let page = get_text(&server, "/hops/edge/GET%20%2Fcheckout").await;
+        assert!(
+            page.contains("/alerts/rules/new?service=edge&#38;operation=GET%20%2Fcheckout"),
+            "{page}"
+        );
         let page = get_text(&server, "/alerts/rules/no-such-rule").await;
         assert!(page.contains("No such alert rule"), "{page}");
 

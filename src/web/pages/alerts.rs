@@ -37,6 +37,39 @@ pub struct InstanceRow {
     pub silenced: String,
 }
 
+/// A firing instance, for the overview and hop pages.
+pub struct FiringAlert {
+    pub rule: String,
+    pub rule_href: String,
+    pub hop: String,
+    pub hop_href: String,
+    pub severity: &'static str,
+    pub value: String,
+    pub since: String,
+}
+
+/// The firing instances, of one hop or of all.
+pub async fn firing(
+    state: &AppState,
+    hop: Option<(&str, &str)>,
+) -> Result<Vec<FiringAlert>, PageError> {
+    let instances = state.store.alert_instances().await?;
+    Ok(instances
+        .iter()
+        .filter(|i| i.state == State::Firing)
+        .filter(|i| hop.is_none_or(|(s, o)| i.service == s && i.operation == o))
+        .map(|i| FiringAlert {
+            rule: i.rule.clone(),
+            rule_href: rule_href(&i.rule),
+            hop: format!("{} {}", i.service, i.operation),
+            hop_href: hop_href(&i.service, &i.operation, ""),
+            severity: i.severity.as_str(),
+            value: fmt_value(i.value),
+            since: fmt_time(i.fired_at.unwrap_or(i.active_since)),
+        })
+        .collect())
+}
+
 pub struct SilenceRow {
     pub id: i64,
     pub matchers: String,

@@ -62,6 +62,9 @@ pub struct HopPage {
     pub callers_scanned: usize,
     pub recent: Vec<RecentTrace>,
     pub traces_href: String,
+    pub firing: Vec<super::alerts::FiringAlert>,
+    /// The new-rule form, filled in for this hop.
+    pub new_rule_href: String,
 }
 
 pub async fn hop(
@@ -181,6 +184,14 @@ pub async fn hop(
             ("service", service.as_str()),
             ("operation", operation.as_str()),
         ]),
+        firing: super::alerts::firing(&state, Some((&service, &operation))).await?,
+        new_rule_href: format!(
+            "/alerts/rules/new{}",
+            super::query_string([
+                ("service", service.as_str()),
+                ("operation", operation.as_str())
+            ])
+        ),
         range_links: range.links(&hop_href(&service, &operation, ""), &[]),
         range_keep: Vec::new(),
         range_description: range.description(),

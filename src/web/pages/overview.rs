@@ -88,6 +88,8 @@ pub struct OverviewPage {
     pub burners: Vec<Burner>,
     pub legend: Vec<Badge>,
     pub exceeded_href: String,
+    /// Firing alert instances (filled by the handler).
+    pub firing: Vec<super::alerts::FiringAlert>,
 }
 
 pub async fn overview(
@@ -102,7 +104,8 @@ pub async fn overview(
         .map(String::as_str)
         .unwrap_or("local_exceed");
     let descending = params.get("order").map(String::as_str) != Some("asc");
-    let page = build(range, &rows, first_run, sort, descending);
+    let mut page = build(range, &rows, first_run, sort, descending);
+    page.firing = super::alerts::firing(&state, None).await?;
     Ok(html(StatusCode::OK, &page))
 }
 
@@ -261,5 +264,6 @@ pub fn build(
         burners,
         legend,
         exceeded_href,
+        firing: Vec::new(),
     }
 }
