@@ -15,9 +15,11 @@ use common::{TestDb, fixture_trace, get_json, get_text, otlp_request, post_otlp,
 use serde_json::Value;
 
 /// A webhook receiver: records every body; answers 500 to the first `fail_first` posts.
+/// It is an Alertmanager too: what is posted to `/api/v2/alerts` goes to `alertmanager`.
 #[derive(Clone, Default)]
 struct Hook {
     received: Arc<Mutex<Vec<Value>>>,
+    alertmanager: Arc<Mutex<Vec<Value>>>,
     fail_first: Arc<AtomicUsize>,
     posts: Arc<AtomicUsize>,
 }
@@ -28,6 +30,7 @@ impl Hook {
         hook.fail_first.store(fail_first, Ordering::SeqCst);
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(receive))
+            .route("/api/v2/alerts", axum::routing::post(alertmanager))
             .with_state(hook.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -62,6 +65,11 @@ impl Hook {
     }
 }
 
+async fn alertmanager(State(hook): State<Hook>, Json(body): Json<Value>) -> StatusCode {
+    hook.alertmanager.lock().unwrap().push(body);
+    StatusCode::OK
+}
+
 async fn receive(State(hook): State<Hook>, Json(body): Json<Value>) -> StatusCode {
     hook.posts.fetch_add(1, Ordering::SeqCst);
     let failing = hook
@@ -84,6 +92,8 @@ fn rules_file(dir: &std::path::Path, hook: SocketAddr) -> std::path::PathBuf {
 receivers:
   - name: ops
     webhook: {{ url: "http://{hook}/hook" }}
+  - name: am
+    alertmanager: {{ url: "http://{hook}" }}
 rules:
   - name: checkout-burning
     service: edge
@@ -96,7 +106,7 @@ rules:
     min_requests: 3
     labels: {{ team: web }}
     annotations: {{ summary: "{{{{service}}}} {{{{operation}}}} burns its own budget: {{{{value}}}}" }}
-    receivers: [ops]
+    receivers: [ops, am]
   - name: needs-more-traffic
     service: edge
     signal: local_exceed_count
@@ -296,8 +306,17 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
         assert_eq!(value("budgetscope_spans_received_total", &[]), 4.0);
 
         // The delivery log shows the retries.
-        let (_, log) = get_json(&server, "/api/alerts/notifications").await;
-        let delivered = &log["notifications"][0];
+        let (_, log) = get_json(
+            &server,
+            "/api/alerts/notifications?rule=checkout-burning&limit=10",
+        )
+        .await;
+        let delivered = log["notifications"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["receiver"] == "ops")
+            .unwrap_or_else(|| panic!("{backend}: no delivery to ops: {log}"));
         assert_eq!(delivered["outcome"], "delivered", "{log}");
         assert_eq!(delivered["attempts"], 3, "two 500s, then delivered: {log}");
         assert!(
@@ -329,6 +348,20 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
             hook.posts.load(Ordering::SeqCst),
             4,
             "{backend}: 2 refused + 2 delivered"
+        );
+        // Alertmanager heard of it at the change and again at every evaluation while it
+        // fired, and then that it ended.
+        let am = hook.alertmanager.lock().unwrap().clone();
+        let firing_posts = am
+            .iter()
+            .filter(|b| b[0]["endsAt"] == "0001-01-01T00:00:00Z")
+            .count();
+        assert!(firing_posts >= 2, "{backend}: {am:?}");
+        let last = am.last().unwrap();
+        assert_eq!(last[0]["labels"]["alertname"], "checkout-burning");
+        assert_ne!(
+            last[0]["endsAt"], "0001-01-01T00:00:00Z",
+            "{backend}: {am:?}"
         );
         server.shutdown().await;
     }

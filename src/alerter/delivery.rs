@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use super::{AlerterOptions, RuleBook, nanos, now_unix_nano};
 use crate::alerts::eval::{self, Change, Instance, State};
 use crate::alerts::notify::{self, Context, Notification};
-use crate::alerts::rules::{ReceiverConfig, ReceiverKind, Rule};
+use crate::alerts::rules::{ReceiverConfig, ReceiverKind, Rule, RuleSet};
+use crate::alerts::silence::silenced_by;
 use crate::store::Store;
 
 /// Delivery attempts before a notification is given up (and logged as failed).
@@ -104,6 +105,81 @@ pub async fn send_test(
         });
     }
     out
+}
+
+/// Re-sends every firing, notified and unsilenced instance to the Alertmanager receivers of
+/// its rule, as Alertmanager expects of its clients: an alert it stops hearing about
+/// resolves itself after its `resolve_timeout`. Best effort; a failure is logged and the
+/// next evaluation sends again.
+pub async fn resend_firing(store: &dyn Store, rules: &RuleSet, options: &AlerterOptions, now: u64) {
+    let managers: Vec<&ReceiverConfig> = rules
+        .receivers
+        .iter()
+        .filter(|r| r.kind == ReceiverKind::Alertmanager)
+        .collect();
+    if managers.is_empty() {
+        return;
+    }
+    let (instances, silences) = match (store.alert_instances().await, store.silences().await) {
+        (Ok(instances), Ok(silences)) => (instances, silences),
+        (Err(error), _) | (_, Err(error)) => {
+            tracing::warn!(%error, "could not read alert instances to re-send to Alertmanager");
+            return;
+        }
+    };
+    let context = Context {
+        external_url: options.external_url.trim_end_matches('/').to_string(),
+        ..Context::default()
+    };
+    let Ok(client) = reqwest::Client::builder().timeout(SEND_TIMEOUT).build() else {
+        return;
+    };
+    for manager in managers {
+        let alerts: Vec<serde_json::Value> = instances
+            .iter()
+            .filter(|i| i.state == State::Firing && i.notified)
+            .filter_map(|i| {
+                let rule = rules.rules.iter().find(|r| r.name == i.rule)?;
+                let labels = notify::labels(rule, i);
+                (rule.receivers.contains(&manager.name)
+                    && silenced_by(&silences, &labels, now).is_none())
+                .then(|| notify::alert(rule, i, Change::Fired, &context))
+            })
+            .collect();
+        if alerts.is_empty() {
+            continue;
+        }
+        let url = format!("{}/api/v2/alerts", manager.url.trim_end_matches('/'));
+        let body: Vec<serde_json::Value> = alerts
+            .iter()
+            .flat_map(|a| {
+                notify::payload(
+                    ReceiverKind::Alertmanager,
+                    &manager.name,
+                    &context.external_url,
+                    a,
+                )
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            })
+            .collect();
+        let result = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(serde_json::Value::from(body).to_string())
+            .send()
+            .await;
+        match result {
+            Ok(response) if response.status().is_success() => {}
+            Ok(response) => {
+                tracing::warn!(%url, status = %response.status(), "Alertmanager refused the firing alerts; will send again")
+            }
+            Err(error) => {
+                tracing::warn!(%url, %error, "could not re-send firing alerts to Alertmanager; will send again")
+            }
+        }
+    }
 }
 
 /// Delivers queued notifications until `stop`, polling every `poll`.

@@ -387,6 +387,7 @@ pub async fn run(
                     tracing::warn!(%error, "evaluating alert rules failed; will try again")
                 }
             }
+            delivery::resend_firing(store.as_ref(), &set, &options, now_unix_nano()).await;
         }
         tokio::select! {
             _ = stop.cancelled() => return,
