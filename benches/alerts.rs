@@ -196,6 +196,7 @@ async fn end_to_end(rules: &RuleSet, now: u64) {
         interval: Duration::from_secs(30),
         delay: Duration::ZERO,
         external_url: "http://localhost:8080".into(),
+        analyze: Default::default(),
     };
     for pass in [
         "first (creates every instance)",

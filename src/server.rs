@@ -165,6 +165,9 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         interval: config.alert_interval,
         delay: config.alert_delay,
         external_url: config.external_url.clone(),
+        analyze: AnalyzeOptions {
+            tolerance_ms: config.tolerance_ms,
+        },
     };
     let background = vec![
         tokio::spawn(retention_loop(

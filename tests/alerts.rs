@@ -828,3 +828,69 @@ async fn forms_save_rules_and_refuse_other_sites() {
     assert_eq!(response.status(), 400);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_that_only_inherits_a_firing_callers_exceeds_is_inhibited() {
+    let db = TestDb::sqlite();
+    let (hook, hook_addr) = Hook::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        format!(
+            r#"
+receivers:
+  - name: ops
+    webhook: {{ url: "http://{hook_addr}/hook" }}
+rules:
+  - {{ name: edge-burning, service: edge, signal: local_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }}
+  - {{ name: arrives-spent, service: billing, signal: inherited_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }}
+"#
+        ),
+    )
+    .unwrap();
+    let server = start(&db, &fast_alerts(&rules)).await;
+    // edge runs out of budget in its own work, then calls billing with nothing left.
+    for id in 1..=3u8 {
+        let spans = fixture_trace(
+            id,
+            r#"
+edge server "GET /checkout" 0 900 budget=700
+  edge client "billing" 760 30 budget=-60
+    billing server "Charge" 761 28 budget=-61
+"#,
+        );
+        post_otlp(&server, &otlp_request(&spans, 500)).await;
+    }
+    let firing = hook.wait_for("firing").await;
+    assert_eq!(firing["alerts"][0]["labels"]["alertname"], "edge-burning");
+    // billing fires too, but its page and the API say why it sent nothing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get_json(&server, "/api/alerts").await;
+        let billing = body["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["rule"] == "arrives-spent")
+            .cloned();
+        if let Some(billing) = billing.filter(|b| b["state"] == "firing") {
+            assert_eq!(
+                billing["spent_by"],
+                serde_json::json!(["edge", "GET /checkout"])
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "billing never fired: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = get_text(&server, "/alerts").await;
+    assert!(
+        page.contains("inhibited by edge-burning on edge GET /checkout"),
+        "{page}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent: Vec<Value> = hook.with_status("firing");
+    assert_eq!(sent.len(), 1, "only edge pages: {sent:?}");
+    server.shutdown().await;
+}

@@ -57,6 +57,7 @@ pub async fn send_test(
         resolved_at: None,
         evaluated_at: now,
         notified: false,
+        spent_by: None,
     };
     let mut test_rule = rule.clone();
     test_rule.labels.insert("test".into(), "true".into());

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 use crate::alerts::eval::{self, Change, Evaluation, HopKey, HopRollups, Instance, State, Windows};
-use crate::alerts::notify::{self, Context, ExampleTrace, Notification};
+use crate::alerts::notify::{self, Context, ExampleTrace, Notification, SpentCaller};
 use crate::alerts::rules::{Rule, RuleSet};
 use crate::alerts::silence::{Silence, silenced_by};
 use crate::analyze::hops::Rollup;
@@ -37,6 +37,8 @@ pub struct AlerterOptions {
     pub delay: Duration,
     /// The UI's address as users reach it (links in notifications), without trailing `/`.
     pub external_url: String,
+    /// For analysing the traces that show who sent a hop its already-spent requests.
+    pub analyze: crate::analyze::AnalyzeOptions,
 }
 
 pub(crate) fn now_unix_nano() -> u64 {
@@ -146,19 +148,59 @@ pub async fn evaluate_once(
         rules: rules.rules.len(),
         ..PassReport::default()
     };
-    let mut changes: Vec<(&Rule, Change, Instance)> = Vec::new();
+    let mut evaluated: Vec<(&Rule, Evaluation)> = Vec::new();
     for rule in &rules.rules {
         let windows = Windows {
             long: windows.get(&rule.window).unwrap_or(&empty),
             short: rule.short_window.and_then(|w| windows.get(&w)),
         };
         let before = previous.remove(&rule.name).unwrap_or_default();
-        let mut outcome = eval::evaluate(rule, now, windows, &before);
+        evaluated.push((rule, eval::evaluate(rule, now, windows, &before)));
+    }
+    // Every instance firing after this pass, for inhibition.
+    let firing: Vec<Instance> = evaluated
+        .iter()
+        .flat_map(|(_, outcome)| outcome.instances.iter())
+        .filter(|i| i.state == State::Firing)
+        .cloned()
+        .collect();
+    let family = |name: &str| {
+        rules
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.signal.family())
+    };
+    let mut changes: Vec<(&Rule, Change, Instance, Vec<SpentCaller>)> = Vec::new();
+    for (rule, outcome) in &mut evaluated {
         for instance in &mut outcome.instances {
-            if let Some(change) = to_notify(rule, instance, &outcome.changes, &silences, now) {
-                changes.push((rule, change, instance.clone()));
+            let fired = outcome
+                .changes
+                .iter()
+                .any(|(c, i)| *c == Change::Fired && i.key() == instance.key());
+            let inherited = windows
+                .get(&rule.window)
+                .and_then(|w| w.get(&instance.key()))
+                .is_some_and(|r| r.count("inherited_exceed") > 0);
+            // Who sent it spent requests: looked up once, when an episode starts, for the
+            // exceed signals where inheriting is the story.
+            let callers = if fired && inherited && rule.signal.family() == "deadline_exceeded" {
+                spent_callers(store, rule, instance, options, now).await
+            } else {
+                Vec::new()
+            };
+            if let Some(top) = callers.iter().find(|c| !c.service.is_empty()) {
+                instance.spent_by = Some((top.service.clone(), top.operation.clone()));
+            }
+            let inhibited = eval::inhibitor(instance, &firing, family).is_some();
+            if let Some(change) =
+                to_notify(rule, instance, &outcome.changes, &silences, inhibited, now)
+            {
+                changes.push((rule, change, instance.clone(), callers));
             }
         }
+    }
+    for (rule, outcome) in evaluated {
         collect(&mut write, outcome, &rule.name);
     }
     // Instances of rules that are gone: what fired resolves, the rest goes. Nobody is
@@ -171,8 +213,8 @@ pub async fn evaluate_once(
         outcome.changes.clear();
         collect(&mut write, outcome, &name);
     }
-    for (rule, change, instance) in &changes {
-        let context = context(store, rule, instance, options, now).await;
+    for (rule, change, instance, callers) in &changes {
+        let context = context(store, rule, instance, options, now, callers.clone()).await;
         let alert = notify::alert(rule, instance, *change, &context);
         for receiver in &rule.receivers {
             write.notifications.push(Notification {
@@ -200,14 +242,15 @@ pub async fn evaluate_once(
 
 /// Whether an instance, as just evaluated, sends a notification, and as which change; marks
 /// a firing instance notified. A firing instance notifies once per episode (and again when
-/// its severity changes), not while a silence matches it: a change made while silenced is
-/// notified when the silence ends, if the instance still fires then. A resolution is
+/// its severity changes), not while a silence matches it or it is inhibited: a change made
+/// meanwhile is notified when that ends, if the instance still fires then. A resolution is
 /// notified when the firing was.
 fn to_notify(
     rule: &Rule,
     instance: &mut Instance,
     changes: &[(Change, Instance)],
     silences: &[Silence],
+    inhibited: bool,
     now: u64,
 ) -> Option<Change> {
     let change = changes
@@ -217,7 +260,7 @@ fn to_notify(
     match instance.state {
         State::Firing => {
             let silenced = silenced_by(silences, &notify::labels(rule, instance), now).is_some();
-            if silenced {
+            if silenced || inhibited {
                 return None;
             }
             let notified = std::mem::replace(&mut instance.notified, true);
@@ -253,6 +296,7 @@ async fn context(
     instance: &Instance,
     options: &AlerterOptions,
     now: u64,
+    spent_callers: Vec<SpentCaller>,
 ) -> Context {
     let (since, until) = window_range(now, options.delay, rule.window);
     let rollup = store
@@ -300,7 +344,71 @@ async fn context(
                 }
             })
             .collect(),
+        spent_callers,
     }
+}
+
+/// How many recent traces where the hop arrived already spent are analysed to find who
+/// sent them.
+const SPENT_TRACES: u32 = 50;
+
+/// The top 3 hops that sent `instance`'s hop already-spent requests in the rule's window,
+/// from up to `SPENT_TRACES` recent such traces; empty when the lookup fails.
+async fn spent_callers(
+    store: &dyn Store,
+    rule: &Rule,
+    instance: &Instance,
+    options: &AlerterOptions,
+    now: u64,
+) -> Vec<SpentCaller> {
+    let (since, until) = window_range(now, options.delay, rule.window);
+    let query = TraceQuery {
+        service: Some(instance.service.clone()),
+        operation: Some(instance.operation.clone()),
+        flag: Some(crate::analyze::Flag::InheritedExceed),
+        since_unix_nano: Some(since),
+        until_unix_nano: Some(until),
+        limit: SPENT_TRACES,
+        ..TraceQuery::default()
+    };
+    let found = async {
+        let ids: Vec<_> = store
+            .search_traces(&query)
+            .await?
+            .iter()
+            .map(|t| t.trace_id)
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        store.traces(&ids).await
+    }
+    .await;
+    let spans = match found {
+        Ok(spans) => spans,
+        Err(error) => {
+            tracing::warn!(%error, rule = %rule.name, "could not look up who sent spent requests");
+            return Vec::new();
+        }
+    };
+    let (service, operation) = (instance.service.clone(), instance.operation.clone());
+    let analyze = options.analyze.clone();
+    let callers = tokio::task::spawn_blocking(move || {
+        crate::analyze::hops::spent_callers(spans, &service, &operation, &analyze)
+    })
+    .await
+    .unwrap_or_default();
+    let mut ranked: Vec<SpentCaller> = callers
+        .into_iter()
+        .map(|((service, operation), (requests, _))| SpentCaller {
+            service,
+            operation,
+            requests,
+        })
+        .collect();
+    ranked.sort_by_key(|c| std::cmp::Reverse(c.requests));
+    ranked.truncate(3);
+    ranked
 }
 
 /// The most hops one backtest looks at, so that it answers within a page load.

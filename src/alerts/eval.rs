@@ -88,8 +88,12 @@ pub struct Instance {
     pub cleared_since: Option<u64>,
     pub resolved_at: Option<u64>,
     pub evaluated_at: u64,
-    /// Whether this firing episode was notified (the runner's, from silences; kept here).
+    /// Whether this firing episode was notified (the runner's, from silences and
+    /// inhibition; kept here).
     pub notified: bool,
+    /// The hop that sent this one most of its already-spent requests, found when the
+    /// episode first fired (the runner's, from recent traces; kept here).
+    pub spent_by: Option<HopKey>,
 }
 
 impl Instance {
@@ -307,6 +311,7 @@ fn step(
         resolved_at: None,
         evaluated_at: now,
         notified: false,
+        spent_by: None,
     };
     let updated = |prev: &Instance| Instance {
         value: reading.value,
@@ -385,6 +390,23 @@ fn step(
             }
         }
     }
+}
+
+/// The firing instance that inhibits `instance`: one on the hop that sent it its
+/// already-spent requests (`spent_by`), of a rule whose signal is of the same family.
+/// `family` gives a rule's family by name (`None` for a rule that no longer exists).
+pub fn inhibitor<'a>(
+    instance: &Instance,
+    firing: &'a [Instance],
+    family: impl Fn(&str) -> Option<&'static str>,
+) -> Option<&'a Instance> {
+    let spent_by = instance.spent_by.as_ref()?;
+    let mine = family(&instance.rule)?;
+    firing.iter().find(|other| {
+        other.state == State::Firing
+            && (&other.service, &other.operation) == (&spent_by.0, &spent_by.1)
+            && family(&other.rule) == Some(mine)
+    })
 }
 
 /// What a notification shows besides the value: the hop's numbers over the window.
@@ -639,6 +661,39 @@ mod tests {
         let out = evaluate(&paused, 30 * S, long(&hops), &previous);
         assert_eq!(out.changes.len(), 1);
         assert_eq!(out.changes[0].0, Change::Resolved);
+    }
+
+    #[test]
+    fn a_hop_is_inhibited_only_by_a_firing_sender_of_the_same_family() {
+        let hops = hop(100, 10);
+        let mut victim = evaluate(&rule(""), 0, long(&hops), &BTreeMap::new())
+            .instances
+            .remove(0);
+        let mut sender = victim.clone();
+        sender.service = "edge".into();
+        sender.operation = "GET /".into();
+        sender.rule = "edge-rule".into();
+        let family = |rule: &str| match rule {
+            "r" | "edge-rule" => Some("deadline_exceeded"),
+            "burn-rule" => Some("burn_p99"),
+            _ => None,
+        };
+        let firing = [sender.clone()];
+        assert!(
+            inhibitor(&victim, &firing, family).is_none(),
+            "no known sender"
+        );
+        victim.spent_by = Some(("edge".into(), "GET /".into()));
+        assert_eq!(
+            inhibitor(&victim, &firing, family).map(|i| i.rule.as_str()),
+            Some("edge-rule")
+        );
+        let mut other_family = sender.clone();
+        other_family.rule = "burn-rule".into();
+        assert!(inhibitor(&victim, &[other_family], family).is_none());
+        let mut resolved = sender;
+        resolved.state = State::Resolved;
+        assert!(inhibitor(&victim, &[resolved], family).is_none());
     }
 
     #[test]

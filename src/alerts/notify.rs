@@ -51,6 +51,15 @@ pub struct ExampleTrace {
     pub url: String,
 }
 
+/// A hop that sent the alerting hop requests whose budget was already spent.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SpentCaller {
+    pub service: String,
+    pub operation: String,
+    /// Of the recent traces looked at, how many such requests it sent.
+    pub requests: usize,
+}
+
 /// What the runner knows about an instance's hop besides the instance itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Context {
@@ -58,6 +67,8 @@ pub struct Context {
     pub external_url: String,
     pub evidence: Evidence,
     pub example_traces: Vec<ExampleTrace>,
+    /// The top callers sending it spent budgets, most first.
+    pub spent_callers: Vec<SpentCaller>,
 }
 
 /// RFC 3339 UTC with milliseconds, as Alertmanager writes times.
@@ -183,6 +194,7 @@ pub fn alert(rule: &Rule, instance: &Instance, change: Change, context: &Context
             "evidence": context.evidence,
             "hop_url": hop_url(external, &instance.service, &instance.operation),
             "example_traces": context.example_traces,
+            "top_spent_callers": context.spent_callers,
         },
     })
 }
@@ -280,6 +292,7 @@ mod tests {
             resolved_at: (state == State::Resolved).then_some(1_764_000_600_000_000_000),
             evaluated_at: 1_764_000_600_000_000_000,
             notified: true,
+            spent_by: None,
         }
     }
 
@@ -290,6 +303,11 @@ mod tests {
             example_traces: vec![ExampleTrace {
                 trace_id: "ab".repeat(16),
                 url: format!("http://bs:8080/traces/{}", "ab".repeat(16)),
+            }],
+            spent_callers: vec![SpentCaller {
+                service: "edge".into(),
+                operation: "GET /".into(),
+                requests: 7,
             }],
         }
     }
@@ -318,6 +336,7 @@ mod tests {
             "ab".repeat(16)
         );
         assert_eq!(alert["fingerprint"].as_str().unwrap().len(), 16);
+        assert_eq!(alert["budgetscope"]["top_spent_callers"][0]["requests"], 7);
     }
 
     #[test]

@@ -81,6 +81,23 @@ impl Signal {
         Signal::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
+    /// Rules whose signals share a family inhibit each other along the call chain: a hop
+    /// firing because of the requests another firing hop sent it already spent is shown as
+    /// inhibited by that hop. The deadline-exceed signals form one family; any other
+    /// signal is a family of its own.
+    pub fn family(self) -> &'static str {
+        match self {
+            Signal::LocalExceedRatio
+            | Signal::LocalExceedCount
+            | Signal::InheritedExceedRatio
+            | Signal::InheritedExceedCount
+            | Signal::OverspentRatio
+            | Signal::DoomedCount
+            | Signal::SloBurnRate => "deadline_exceeded",
+            other => other.as_str(),
+        }
+    }
+
     /// The flag whose traces show the problem, for example traces in notifications.
     pub fn flag(self) -> Option<Flag> {
         match self {

@@ -8,8 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Analysis, Exceed, Flag, Role};
-use crate::model::Span;
+use std::collections::HashMap;
+
+use super::{Analysis, AnalyzeOptions, Exceed, Flag, Role, analyze};
+use crate::model::{Span, TraceId};
 
 /// Buckets per doubling.
 const BUCKETS_PER_OCTAVE: f64 = 8.0;
@@ -260,6 +262,56 @@ impl Rollup {
             .position(|n| *n == name)
             .map_or(0, |i| self.counts[i])
     }
+}
+
+/// Who sent this hop requests that arrived already spent: (caller service, caller
+/// operation) → (how many, an example trace id). Callers outside any instrumented hop are
+/// keyed by empty strings.
+pub fn spent_callers(
+    spans: Vec<Span>,
+    service: &str,
+    operation: &str,
+    options: &AnalyzeOptions,
+) -> BTreeMap<(String, String), (usize, String)> {
+    let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
+    for span in spans {
+        by_trace.entry(span.trace_id).or_default().push(span);
+    }
+    let mut out: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
+    for (id, spans) in by_trace {
+        let analysis = analyze(&spans, options);
+        let row_of: HashMap<usize, usize> = analysis
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| (row.span, r))
+            .collect();
+        let index: HashMap<_, usize> = spans
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.span_id, i))
+            .collect();
+        for row in &analysis.rows {
+            let span = &spans[row.span];
+            if row.role != Role::Hop
+                || row.exceed != Some(Exceed::Inherited)
+                || span.service != service
+                || span.name != operation
+            {
+                continue;
+            }
+            // The caller: the owner hop of the call span that reached this hop.
+            let call = span.parent_span_id.and_then(|p| index.get(&p).copied());
+            let owner = call
+                .and_then(|c| row_of.get(&c))
+                .and_then(|&r| analysis.rows[r].owner)
+                .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
+                .unwrap_or_default();
+            let entry = out.entry(owner).or_insert((0, id.to_hex()));
+            entry.0 += 1;
+        }
+    }
+    out
 }
 
 /// The minute a sample belongs to, as unix nanoseconds at the minute's start.

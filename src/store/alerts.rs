@@ -32,7 +32,7 @@ pub struct HistoryQuery {
 
 pub(crate) const INSTANCE_COLUMNS: &str = "rule, service, operation, state, severity, value, \
      short_value, threshold, requests, active_since, fired_at, cleared_since, resolved_at, evaluated_at, \
-     notified";
+     notified, spent_by";
 
 pub(crate) const HISTORY_COLUMNS: &str = "rule, service, operation, state, severity, value, \
      short_value, threshold, requests, evaluated_at";
@@ -46,7 +46,7 @@ pub(crate) const INSTANCE_UPSERT: &str = " ON CONFLICT (rule, service, operation
      requests = excluded.requests, active_since = excluded.active_since, \
      fired_at = excluded.fired_at, cleared_since = excluded.cleared_since, \
      resolved_at = excluded.resolved_at, evaluated_at = excluded.evaluated_at, \
-     notified = excluded.notified";
+     notified = excluded.notified, spent_by = excluded.spent_by";
 
 /// Rows per multi-row statement: within both backends' bind limits.
 pub(crate) const CHUNK: usize = 500;
@@ -76,6 +76,8 @@ pub(crate) struct StoredInstance {
     pub resolved_at: Option<i64>,
     pub evaluated_at: i64,
     pub notified: i64,
+    /// "service\noperation", or NULL.
+    pub spent_by: Option<String>,
 }
 
 impl StoredInstance {
@@ -99,6 +101,10 @@ impl StoredInstance {
             resolved_at: self.resolved_at.map(to_u64),
             evaluated_at: to_u64(self.evaluated_at),
             notified: self.notified != 0,
+            spent_by: self.spent_by.and_then(|s| {
+                s.split_once('\n')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            }),
         })
     }
 }
@@ -136,6 +142,7 @@ impl StoredHistory {
             resolved_at: None,
             evaluated_at: self.evaluated_at,
             notified: 0,
+            spent_by: None,
         }
         .decode()
     }
@@ -270,7 +277,8 @@ macro_rules! alert_sql {
                         .push_bind(i.cleared_since.map(to_i64))
                         .push_bind(i.resolved_at.map(to_i64))
                         .push_bind(to_i64(i.evaluated_at))
-                        .push_bind(i64::from(i.notified));
+                        .push_bind(i64::from(i.notified))
+                        .push_bind(i.spent_by.as_ref().map(|(s, o)| format!("{s}\n{o}")));
                 });
                 q.push(INSTANCE_UPSERT);
                 q.build().execute(&mut *conn).await?;

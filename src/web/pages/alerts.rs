@@ -33,7 +33,7 @@ pub struct InstanceRow {
     pub threshold: String,
     pub requests: i64,
     pub since: String,
-    /// "silenced by #3", or empty.
+    /// "silenced by #3", "inhibited by RULE on HOP", or empty.
     pub silenced: String,
 }
 
@@ -167,19 +167,39 @@ fn condition(rule: &Rule) -> String {
     text
 }
 
-fn instance_row(
-    instance: &Instance,
-    rules: &RuleSet,
-    silences: &[Silence],
+/// What a page needs to say why an instance is quiet.
+struct Quiet<'a> {
+    rules: &'a RuleSet,
+    silences: &'a [Silence],
+    instances: &'a [Instance],
     now: u64,
-) -> InstanceRow {
-    let silenced = rules
-        .rules
-        .iter()
-        .find(|r| r.name == instance.rule)
-        .and_then(|rule| silenced_by(silences, &labels(rule, instance), now))
-        .filter(|_| instance.state != State::Resolved)
-        .map_or(String::new(), |id| format!("silenced by #{id}"));
+}
+
+fn instance_row(instance: &Instance, quiet: &Quiet<'_>) -> InstanceRow {
+    let rule = quiet.rules.rules.iter().find(|r| r.name == instance.rule);
+    let family = |name: &str| {
+        quiet
+            .rules
+            .rules
+            .iter()
+            .find(|r| r.name == name)
+            .map(|r| r.signal.family())
+    };
+    let silenced = match (instance.state, rule) {
+        (State::Resolved, _) | (_, None) => String::new(),
+        (_, Some(rule)) => match silenced_by(quiet.silences, &labels(rule, instance), quiet.now) {
+            Some(id) => format!("silenced by #{id}"),
+            None => crate::alerts::eval::inhibitor(instance, quiet.instances, family).map_or(
+                String::new(),
+                |by| {
+                    format!(
+                        "inhibited by {} on {} {}",
+                        by.rule, by.service, by.operation
+                    )
+                },
+            ),
+        },
+    };
     let since = match instance.state {
         State::Pending => instance.active_since,
         State::Firing => instance.fired_at.unwrap_or(instance.active_since),
@@ -277,7 +297,17 @@ pub async fn alerts(AxumState(state): AxumState<AppState>) -> Result<Response, P
             rules_file: state.rules.file().map(|p| p.display().to_string()),
             instances: ordered
                 .into_iter()
-                .map(|i| instance_row(i, &set, &silences, now))
+                .map(|i| {
+                    instance_row(
+                        i,
+                        &Quiet {
+                            rules: &set,
+                            silences: &silences,
+                            instances: &instances,
+                            now,
+                        },
+                    )
+                })
                 .collect(),
             rules,
             not_in_force: state
@@ -308,13 +338,17 @@ pub async fn rule(
     };
     let silences = state.store.silences().await?;
     let now = now_unix_nano();
-    let instances: Vec<InstanceRow> = state
-        .store
-        .alert_instances()
-        .await?
+    let all = state.store.alert_instances().await?;
+    let quiet = Quiet {
+        rules: &set,
+        silences: &silences,
+        instances: &all,
+        now,
+    };
+    let instances: Vec<InstanceRow> = all
         .iter()
         .filter(|i| i.rule == name)
-        .map(|i| instance_row(i, &set, &silences, now))
+        .map(|i| instance_row(i, &quiet))
         .collect();
     let history = state
         .store

@@ -2,7 +2,7 @@
 //! burn distributions, deadline-exceeded over time (inherited vs local), which callers send
 //! it requests whose budget is already spent, and its recent flagged traces.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -13,9 +13,8 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
-use crate::analyze::hops::{Histogram, Rollup};
-use crate::analyze::{Exceed, Role, analyze};
-use crate::model::{Span, TraceId};
+use crate::analyze::hops::{Histogram, Rollup, spent_callers};
+use crate::model::TraceId;
 use crate::store::query::TraceQuery;
 use crate::web::AppState;
 use crate::web::charts;
@@ -106,7 +105,7 @@ pub async fn hop(
     };
     let options = state.analyze.clone();
     let (svc, op) = (service.clone(), operation.clone());
-    let callers = tokio::task::spawn_blocking(move || callers(spans, &svc, &op, &options))
+    let callers = tokio::task::spawn_blocking(move || spent_callers(spans, &svc, &op, &options))
         .await
         .unwrap_or_default();
 
@@ -218,56 +217,6 @@ fn bins(histogram: &Histogram, label: impl Fn(f64) -> String) -> Vec<(String, f6
     for (value, n) in points {
         let at = (((value - low) / width) as usize).min(count - 1);
         out[at].1 += n as f64;
-    }
-    out
-}
-
-/// Who sent this hop requests that arrived already spent: (caller service, caller
-/// operation) → (how many, an example trace id). Callers outside any instrumented hop are
-/// keyed by empty strings.
-fn callers(
-    spans: Vec<Span>,
-    service: &str,
-    operation: &str,
-    options: &crate::analyze::AnalyzeOptions,
-) -> BTreeMap<(String, String), (usize, String)> {
-    let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
-    for span in spans {
-        by_trace.entry(span.trace_id).or_default().push(span);
-    }
-    let mut out: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
-    for (id, spans) in by_trace {
-        let analysis = analyze(&spans, options);
-        let row_of: HashMap<usize, usize> = analysis
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| (row.span, r))
-            .collect();
-        let index: HashMap<_, usize> = spans
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.span_id, i))
-            .collect();
-        for row in &analysis.rows {
-            let span = &spans[row.span];
-            if row.role != Role::Hop
-                || row.exceed != Some(Exceed::Inherited)
-                || span.service != service
-                || span.name != operation
-            {
-                continue;
-            }
-            // The caller: the owner hop of the call span that reached this hop.
-            let call = span.parent_span_id.and_then(|p| index.get(&p).copied());
-            let owner = call
-                .and_then(|c| row_of.get(&c))
-                .and_then(|&r| analysis.rows[r].owner)
-                .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
-                .unwrap_or_default();
-            let entry = out.entry(owner).or_insert((0, id.to_hex()));
-            entry.0 += 1;
-        }
     }
     out
 }
