@@ -234,6 +234,10 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
             page.contains("local_exceed_ratio &#62; 0.5 over 1m for 2s"),
             "{page}"
         );
+        assert!(
+            page.contains("<svg class=\"chart\"") && page.contains("local_exceed_ratio over time"),
+            "{backend}: the history chart is missing"
+        );
         let (_, rules) = get_json(&server, "/api/alerts/rules").await;
         assert_eq!(rules["rules"][0]["for"], "2s");
         for (path, says) in [

@@ -234,7 +234,18 @@ async fn the_ui_in_a_real_browser() {
     };
 
     let db = TestDb::sqlite();
-    let server = start(&db, &["--quiet-period", "200ms"]).await;
+    let server = start(
+        &db,
+        &[
+            "--quiet-period",
+            "200ms",
+            "--alert-interval",
+            "1s",
+            "--alert-delay",
+            "0s",
+        ],
+    )
+    .await;
     let endpoint = format!("http://{}", server.otlp_http_addr);
     let (trace_id, inventory_span) =
         tokio::task::spawn_blocking(move || export_slow_inventory(endpoint))
@@ -501,6 +512,59 @@ async fn the_ui_in_a_real_browser() {
         .into_iter()
         .filter(|e| !e.contains("status of 404"))
         .collect();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+
+    // An alert rule from a hop page: the form comes filled in for the hop, the backtest
+    // shows under it without saving, and saving (a same-origin form post, which the
+    // cross-site check lets through) leads to the rule's page.
+    client
+        .goto(&format!("{base}/hops/inventory/GET%20%2Fstock"))
+        .await
+        .unwrap();
+    click(&client, "a[href^='/alerts/rules/new']").await;
+    wait_for_url(&client, "the new-rule form", |url| {
+        url.starts_with("/alerts/rules/new")
+    })
+    .await;
+    let service = wait_for(&client, "input[name=service]").await;
+    assert_eq!(
+        service.prop("value").await.unwrap().as_deref(),
+        Some("inventory")
+    );
+    client
+        .find(Locator::Css("input[name=name]"))
+        .await
+        .unwrap()
+        .send_keys("inventory-burning")
+        .await
+        .unwrap();
+    click(&client, "button[value=backtest]").await;
+    let summary = wait_for(&client, "#bt-h + p").await.text().await.unwrap();
+    assert!(
+        summary.contains("in the last 24 hours") && summary.contains("over 1 hop)"),
+        "{summary}"
+    );
+    screenshot(&client, "alert-rule-form.png").await;
+    click(&client, "button[value=save]").await;
+    wait_for_url(&client, "the saved rule's page", |url| {
+        url == "/alerts/rules/inventory-burning"
+    })
+    .await;
+    let facts = wait_for(&client, "dl.facts").await.text().await.unwrap();
+    assert!(
+        facts.contains("local_exceed_ratio > 0.05 over 5m for 2m"),
+        "{facts}"
+    );
+    screenshot(&client, "alert-rule.png").await;
+    client.goto(&format!("{base}/alerts")).await.unwrap();
+    let rules = wait_for(&client, "#rules-h + div table")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(rules.contains("inventory-burning"), "{rules}");
+    screenshot(&client, "alerts.png").await;
+    let errors = console_errors(&driver, &client).await;
     assert!(errors.is_empty(), "console errors: {errors:#?}");
 
     // Dark mode and a phone-sized window.

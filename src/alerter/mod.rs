@@ -425,7 +425,8 @@ pub async fn backtest(
     rule: &Rule,
     now: u64,
 ) -> Result<(crate::alerts::backtest::Backtest, usize), StoreError> {
-    let to = now - now % MINUTE;
+    // Through the end of the current minute, so the backtest sees what just happened.
+    let to = (now / MINUTE + 1) * MINUTE;
     let from = to.saturating_sub(nanos(BACKTEST_SPAN));
     let since = from.saturating_sub(nanos(rule.window) + MINUTE);
     let rows = store

@@ -93,6 +93,87 @@ pub fn stacked_bars(title: &str, labels: &[String], series: &[Series<'_>]) -> St
     finish(svg, title, result.map_err(|e| e.to_string()))
 }
 
+/// One line of a line chart: its name (for the legend) and (time, value) points in time
+/// order.
+pub struct Line<'a> {
+    pub name: &'a str,
+    pub points: Vec<(u64, f64)>,
+}
+
+/// Colours of successive lines.
+const PALETTE: [RGBColor; 5] = [
+    NEUTRAL,
+    LOCAL,
+    INHERITED,
+    RGBColor(60, 150, 90),
+    RGBColor(140, 90, 180),
+];
+
+/// Values over time, one line per series, with a horizontal threshold line. `time_label`
+/// formats an x-axis time (unix ns).
+pub fn lines(
+    title: &str,
+    lines: &[Line<'_>],
+    threshold: f64,
+    time_label: &dyn Fn(u64) -> String,
+) -> String {
+    let mut svg = String::new();
+    let result = (|| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
+        let points = || lines.iter().flat_map(|l| l.points.iter());
+        let first = points().map(|p| p.0).min().unwrap_or(0);
+        let last = points().map(|p| p.0).max().unwrap_or(0).max(first + 1);
+        let values = || points().map(|p| p.1).chain([threshold]);
+        let low = values().fold(f64::INFINITY, f64::min).min(0.0);
+        let high = values().fold(f64::NEG_INFINITY, f64::max);
+        let span = (high - low).max(f64::EPSILON);
+        let mut chart = ChartBuilder::on(&root)
+            .margin(8)
+            .x_label_area_size(24)
+            .y_label_area_size(52)
+            .build_cartesian_2d(first..last, low..high + span * 0.1)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(6)
+            .y_labels(4)
+            .x_label_formatter(&|x| time_label(*x))
+            .y_label_formatter(&|y| {
+                let text = format!("{y:.3}");
+                text.trim_end_matches('0').trim_end_matches('.').to_string()
+            })
+            .draw()?;
+        chart
+            .draw_series(LineSeries::new(
+                [(first, threshold), (last, threshold)],
+                BLACK.mix(0.5).stroke_width(1),
+            ))?
+            .label("threshold")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 12, y)], BLACK.mix(0.5)));
+        for (i, line) in lines.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    line.points.iter().copied(),
+                    colour.stroke_width(2),
+                ))?
+                .label(line.name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 12, y)], colour.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.7))
+            .border_style(BLACK.mix(0.3))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })();
+    finish(svg, title, result.map_err(|e| e.to_string()))
+}
+
 /// A histogram: one bar per bin, labelled by the bin's lower edge.
 pub fn histogram(title: &str, bins: &[(String, f64)], colour: RGBColor) -> String {
     let labels: Vec<String> = bins.iter().map(|(label, _)| label.clone()).collect();
@@ -173,6 +254,33 @@ mod tests {
         assert!(svg.contains("local") && svg.contains("inherited"), "legend");
         // Three non-zero values: three bars in the plot (plus legend swatches).
         assert!(svg.matches("<rect").count() >= 3);
+    }
+
+    #[test]
+    fn lines_draw_each_series_and_the_threshold() {
+        let svg = lines(
+            "values of <rule>",
+            &[
+                Line {
+                    name: "edge <GET>",
+                    points: vec![(0, 0.1), (60, 0.4), (120, 0.2)],
+                },
+                Line {
+                    name: "billing",
+                    points: vec![(60, 0.7)],
+                },
+            ],
+            0.3,
+            &|t| format!("t{t}"),
+        );
+        assert!(
+            svg.contains("aria-label=\"values of &lt;rule&gt;\""),
+            "{svg}"
+        );
+        assert!(!svg.contains("<GET>"), "{svg}");
+        assert!(svg.contains("threshold") && svg.contains("billing"));
+        assert!(svg.matches("<polyline").count() >= 3, "{svg}");
+        assert!(lines("empty", &[], 1.0, &|_| String::new()).contains("<svg"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use crate::alerts::silence::{Silence, silenced_by};
 use crate::store::alerts::HistoryQuery;
 use crate::web::AppState;
 use crate::web::alerts::problems_message;
+use crate::web::charts;
 
 /// History rows shown on a rule page.
 const HISTORY_ROWS: u32 = 200;
@@ -138,6 +139,8 @@ pub struct RulePage {
     pub has_receivers: bool,
     pub test_outcome: Option<String>,
     pub definition: Vec<(&'static str, String)>,
+    /// The history's values over time (SVG), empty without history.
+    pub chart: String,
     pub instances: Vec<InstanceRow>,
     pub history: Vec<HistoryRow>,
     pub deliveries: Vec<DeliveryRow>,
@@ -322,6 +325,57 @@ pub async fn alerts(AxumState(state): AxumState<AppState>) -> Result<Response, P
     ))
 }
 
+/// The most hops drawn in a rule's history chart.
+const CHART_HOPS: usize = 5;
+
+/// The value of each hop's evaluations over time, for the hops evaluated most often.
+fn history_chart(rule: &Rule, history: &[Instance]) -> String {
+    if history.is_empty() {
+        return String::new();
+    }
+    let mut by_hop: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
+    for h in history {
+        if let Some(value) = h.value {
+            by_hop
+                .entry(format!("{} {}", h.service, h.operation))
+                .or_default()
+                .push((h.evaluated_at, value));
+        }
+    }
+    let mut hops: Vec<(String, Vec<(u64, f64)>)> = by_hop.into_iter().collect();
+    hops.sort_by_key(|(_, points)| std::cmp::Reverse(points.len()));
+    hops.truncate(CHART_HOPS);
+    let lines: Vec<charts::Line<'_>> = hops
+        .iter_mut()
+        .map(|(name, points)| {
+            points.sort_by_key(|(t, _)| *t);
+            charts::Line {
+                name,
+                points: points.clone(),
+            }
+        })
+        .collect();
+    let first = lines
+        .iter()
+        .flat_map(|l| l.points.first())
+        .map(|p| p.0)
+        .min()
+        .unwrap_or(0);
+    let last = lines
+        .iter()
+        .flat_map(|l| l.points.last())
+        .map(|p| p.0)
+        .max()
+        .unwrap_or(0);
+    let long = last.saturating_sub(first) > 24 * 3_600 * 1_000_000_000;
+    charts::lines(
+        &format!("{} over time, with its threshold", rule.signal),
+        &lines,
+        rule.threshold,
+        &|t| super::fmt_axis_time(t, long),
+    )
+}
+
 pub async fn rule(
     AxumState(state): AxumState<AppState>,
     Path(name): Path<String>,
@@ -360,6 +414,7 @@ pub async fn rule(
         })
         .await?;
     let deliveries = state.store.notifications(Some(&name), DELIVERIES).await?;
+    let chart = history_chart(rule, &history);
     let duration = |d: std::time::Duration| humantime::format_duration(d).to_string();
     let mut definition = vec![
         (
@@ -414,6 +469,7 @@ pub async fn rule(
             has_receivers: !rule.receivers.is_empty(),
             test_outcome: params.get("test").cloned(),
             definition,
+            chart,
             instances,
             history: history
                 .iter()
