@@ -83,6 +83,8 @@ pub struct Metrics {
     pub spans_refused: Counter,
     pub spans_stored: Counter,
     pub traces_analysed: Counter,
+    /// Seconds from a request's spans entering the ingest queue to their commit.
+    pub commit_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -101,6 +103,9 @@ impl Default for Metrics {
             spans_refused: Counter::default(),
             spans_stored: Counter::default(),
             traces_analysed: Counter::default(),
+            commit_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
+            ),
         }
     }
 }
@@ -240,6 +245,11 @@ impl Metrics {
             "traces_analysed",
             "Trace analyses written by the background analyzer",
             self.traces_analysed.clone(),
+        );
+        registry.register(
+            "ingest_commit_seconds",
+            "Seconds from an export request's spans entering the ingest queue to their commit",
+            self.commit_seconds.clone(),
         );
         let queue: Gauge = Gauge::default();
         queue.set(i64::try_from(queued_spans).unwrap_or(i64::MAX));

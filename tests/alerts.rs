@@ -308,6 +308,10 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
         );
         assert_eq!(value("budgetscope_spans_stored_total", &[]), 4.0);
         assert_eq!(value("budgetscope_spans_received_total", &[]), 4.0);
+        assert!(
+            text.contains("budgetscope_ingest_commit_seconds_count 4"),
+            "{backend}: one commit latency per request:\n{text}"
+        );
 
         // The delivery log shows the retries.
         let (_, log) = get_json(

@@ -21,6 +21,8 @@ CREATE TABLE alert_silences (
 -- Whether the current firing episode of an instance was notified: a change while it is
 -- silenced (or inhibited) is not, and is notified once that ends if it still fires.
 ALTER TABLE alert_instances ADD COLUMN notified BIGINT NOT NULL DEFAULT 0;
+-- When the episode was last notified as firing (a rule's repeat_interval counts from it).
+ALTER TABLE alert_instances ADD COLUMN notified_at BIGINT;
 -- The hop ("service" newline "operation") that sent this hop most of its already-spent
 -- requests when the episode first fired: a firing instance there inhibits this one.
 ALTER TABLE alert_instances ADD COLUMN spent_by TEXT;

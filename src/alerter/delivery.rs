@@ -57,6 +57,7 @@ pub async fn send_test(
         resolved_at: None,
         evaluated_at: now,
         notified: false,
+        notified_at: None,
         spent_by: None,
     };
     let mut test_rule = rule.clone();

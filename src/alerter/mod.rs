@@ -244,7 +244,8 @@ pub async fn evaluate_once(
 /// a firing instance notified. A firing instance notifies once per episode (and again when
 /// its severity changes), not while a silence matches it or it is inhibited: a change made
 /// meanwhile is notified when that ends, if the instance still fires then. A resolution is
-/// notified when the firing was.
+/// notified when the firing was. With `repeat_interval`, a firing instance notifies again
+/// that long after its last notification.
 fn to_notify(
     rule: &Rule,
     instance: &mut Instance,
@@ -264,11 +265,20 @@ fn to_notify(
                 return None;
             }
             let notified = std::mem::replace(&mut instance.notified, true);
-            match (notified, change) {
+            let repeat_due = match (rule.repeat_interval, instance.notified_at) {
+                (Some(every), Some(at)) => now.saturating_sub(at) >= nanos(every),
+                _ => false,
+            };
+            let send = match (notified, change) {
                 (false, _) => Some(Change::Fired),
                 (true, Some(Change::SeverityChanged)) => Some(Change::SeverityChanged),
+                (true, _) if repeat_due => Some(Change::Repeated),
                 (true, _) => None,
+            };
+            if send.is_some() {
+                instance.notified_at = Some(now);
             }
+            send
         }
         State::Resolved => {
             (change == Some(Change::Resolved) && instance.notified).then_some(Change::Resolved)
@@ -508,6 +518,66 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_firing_episode_notifies_once_then_every_repeat_interval_unless_held_back() {
+        let rule = crate::alerts::rules::parse_file(
+            "rules:\n  - { name: r, signal: requests, op: \">\", threshold: 1, window: 5m, repeat_interval: 1m }\n",
+        )
+        .unwrap()
+        .rules
+        .remove(0);
+        let hops = HopRollups::from([(
+            ("a".to_string(), "b".to_string()),
+            Rollup {
+                requests: 5,
+                ..Rollup::default()
+            },
+        )]);
+        let windows = Windows {
+            long: &hops,
+            short: None,
+        };
+        let outcome = eval::evaluate(&rule, 0, windows, &BTreeMap::new());
+        let mut instance = outcome.instances[0].clone();
+        let fired = &outcome.changes;
+        // Inhibited or silenced: nothing, and not marked notified.
+        assert_eq!(to_notify(&rule, &mut instance, fired, &[], true, 0), None);
+        assert!(!instance.notified);
+        let silence = Silence {
+            id: 1,
+            matchers: crate::alerts::silence::parse_matchers("alertname=r").unwrap(),
+            starts_unix_nano: 0,
+            ends_unix_nano: 10 * S,
+            comment: "c".into(),
+            created_by: String::new(),
+            created_unix_nano: 0,
+        };
+        assert_eq!(
+            to_notify(&rule, &mut instance, fired, &[silence], false, 0),
+            None
+        );
+        // Then once, and again a minute after the last notification.
+        assert_eq!(
+            to_notify(&rule, &mut instance, fired, &[], false, 20 * S),
+            Some(Change::Fired)
+        );
+        assert_eq!(instance.notified_at, Some(20 * S));
+        assert_eq!(
+            to_notify(&rule, &mut instance, &[], &[], false, 60 * S),
+            None
+        );
+        assert_eq!(
+            to_notify(&rule, &mut instance, &[], &[], false, 80 * S),
+            Some(Change::Repeated)
+        );
+        assert_eq!(
+            to_notify(&rule, &mut instance, &[], &[], false, 100 * S),
+            None
+        );
+    }
 
     #[test]
     fn a_window_covers_its_length_before_now_minus_the_delay_in_whole_minutes() {

@@ -180,3 +180,49 @@ pub async fn refresh_stored_rules(store: &dyn Store, rules: &RuleBook) -> Result
     rules.set_database(&specs);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reload_takes_a_good_file_and_keeps_the_rules_when_the_new_one_has_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.yaml");
+        let rule = |name: &str| {
+            format!(
+                "  - {{ name: {name}, signal: requests, op: \"<\", threshold: 1, window: 5m }}\n"
+            )
+        };
+        std::fs::write(&path, format!("rules:\n{}", rule("a"))).unwrap();
+        let book = RuleBook::load(Some(path.clone())).unwrap();
+        assert_eq!(book.current().rules.len(), 1);
+        std::fs::write(&path, format!("rules:\n{}{}", rule("a"), rule("b"))).unwrap();
+        assert_eq!(book.reload().unwrap(), 2);
+        std::fs::write(&path, "rules:\n  - { name: c, window: 5s }\n").unwrap();
+        let error = book.reload().unwrap_err().to_string();
+        assert!(error.contains("rule \"c\", field window"), "{error}");
+        let names: Vec<String> = book
+            .current()
+            .rules
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        assert_eq!(names, ["a", "b"], "the rules in force stay");
+        // Stored rules join them, and may not take a file rule's name.
+        book.set_database(&[
+            (
+                "s".into(),
+                r#"{"name":"s","signal":"requests","op":"<","threshold":1,"window":"5m"}"#.into(),
+            ),
+            (
+                "a".into(),
+                r#"{"name":"a","signal":"requests","op":"<","threshold":1,"window":"5m"}"#.into(),
+            ),
+            ("bad".into(), "{".into()),
+        ]);
+        assert_eq!(book.current().rules.len(), 3);
+        let broken: Vec<String> = book.broken().iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(broken, ["a", "bad"]);
+    }
+}

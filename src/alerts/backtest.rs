@@ -118,7 +118,7 @@ pub fn backtest(rule: &Rule, minutes: &MinuteRollups, from: u64, to: u64) -> Bac
                         result.episodes[i].resolved_at = Some(t);
                     }
                 }
-                Change::SeverityChanged => {}
+                Change::SeverityChanged | Change::Repeated => {}
             }
         }
         for key in &outcome.removed {

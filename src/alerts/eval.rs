@@ -91,6 +91,8 @@ pub struct Instance {
     /// Whether this firing episode was notified (the runner's, from silences and
     /// inhibition; kept here).
     pub notified: bool,
+    /// When this episode was last notified as firing (for `repeat_interval`).
+    pub notified_at: Option<u64>,
     /// The hop that sent this one most of its already-spent requests, found when the
     /// episode first fired (the runner's, from recent traces; kept here).
     pub spent_by: Option<HopKey>,
@@ -110,6 +112,8 @@ pub enum Change {
     Fired,
     /// Firing, and the severity went from warning to critical or back.
     SeverityChanged,
+    /// Still firing, `repeat_interval` after the last notification (the runner's).
+    Repeated,
     Resolved,
 }
 
@@ -311,6 +315,7 @@ fn step(
         resolved_at: None,
         evaluated_at: now,
         notified: false,
+        notified_at: None,
         spent_by: None,
     };
     let updated = |prev: &Instance| Instance {

@@ -292,6 +292,7 @@ mod tests {
             resolved_at: (state == State::Resolved).then_some(1_764_000_600_000_000_000),
             evaluated_at: 1_764_000_600_000_000_000,
             notified: true,
+            notified_at: None,
             spent_by: None,
         }
     }

@@ -260,6 +260,8 @@ pub struct Rule {
     pub window: Duration,
     pub for_: Duration,
     pub keep_firing_for: Duration,
+    /// While firing, notify again this often (none: once per episode).
+    pub repeat_interval: Option<Duration>,
     pub min_requests: i64,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
@@ -355,6 +357,8 @@ pub struct RuleSpec {
     pub for_: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_firing_for: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_interval: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_requests: Option<i64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -708,6 +712,17 @@ pub fn validate_rule(
     };
     let for_ = wait("for", &spec.for_);
     let keep_firing_for = wait("keep_firing_for", &spec.keep_firing_for);
+    let repeat_interval = match wait("repeat_interval", &spec.repeat_interval) {
+        d if d.is_zero() && spec.repeat_interval.is_some() => {
+            error(
+                "repeat_interval",
+                "must be longer than 0, e.g. 4h; leave it out to notify once".into(),
+            );
+            None
+        }
+        d if d.is_zero() => None,
+        d => Some(d),
+    };
     let min_requests = spec.min_requests.unwrap_or(0);
     if min_requests < 0 {
         error("min_requests", "must be 0 or more".into());
@@ -767,6 +782,7 @@ pub fn validate_rule(
         window,
         for_,
         keep_firing_for,
+        repeat_interval,
         min_requests,
         labels: spec.labels.clone(),
         annotations: spec.annotations.clone(),

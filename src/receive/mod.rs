@@ -127,9 +127,13 @@ impl Receiver {
         };
         let spans = batch.len() as u64;
         self.metrics.spans_rejected.inc_by(accepted.rejected);
+        let started = std::time::Instant::now();
         match self.ingestor.commit(admission, batch).await {
             Ok(()) => {
                 self.metrics.spans_stored.inc_by(spans);
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
             }
             Err(error) => {
                 self.metrics.spans_refused.inc_by(spans);

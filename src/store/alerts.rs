@@ -1,12 +1,232 @@
-//! Alert instances, their history and the notification outbox, for both backends: one
-//! implementation, instantiated per backend by `alert_sql!` (the SQL is the same on both;
-//! only the sqlx types differ).
+//! Alert state for both backends: instances, their history, the notification outbox,
+//! stored rules and silences. One implementation of the SQL, instantiated per backend by
+//! `alert_sql!` (the SQL is the same on both; only the sqlx types differ), and the
+//! `AlertStore` trait that `Store` extends, implemented here for both stores.
+
+use async_trait::async_trait;
+use sqlx::Connection as _;
 
 use crate::alerts::eval::{Instance, Severity, State};
 use crate::alerts::notify::Notification;
 use crate::alerts::silence::{Matcher, Silence};
 
 use super::StoreError;
+use super::postgres::PostgresStore;
+use super::sqlite::SqliteStore;
+
+/// Alert state: what the alert runner and the alert pages read and write.
+#[async_trait]
+pub trait AlertStore {
+    /// Every alert instance that is not inactive, by rule and hop.
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError>;
+
+    /// Writes what an evaluation pass decided (instances, history, notifications to send)
+    /// in one transaction, so a notification is queued exactly when its change is stored.
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError>;
+
+    /// Evaluations of instances while pending or firing, newest first.
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError>;
+
+    /// Notifications whose next attempt is due at `now`, oldest first.
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError>;
+
+    /// The delivery log (every notification, pending or not), newest first.
+    async fn notifications(
+        &self,
+        rule: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError>;
+
+    /// Stores the outcome of a delivery attempt (attempts, next attempt, delivery, error).
+    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError>;
+
+    /// Deletes alert history, finished notifications and silences that ended before the
+    /// cutoff.
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError>;
+
+    /// (name, definition JSON) of the alert rules created in the UI or the API.
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Creates or replaces a stored alert rule.
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError>;
+
+    /// Deletes a stored alert rule; false when there was none of that name.
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError>;
+
+    /// Every silence, newest first.
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError>;
+
+    /// Inserts a silence (id 0) or updates one; returns its id.
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError>;
+}
+
+#[async_trait]
+impl AlertStore for SqliteStore {
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
+        sqlite::instances(self.reader()).await
+    }
+
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
+        sqlite::save(&mut tx, write).await?;
+        tx.commit().await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
+        sqlite::history(self.reader(), query).await
+    }
+
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        sqlite::due_notifications(self.reader(), now_unix_nano, limit).await
+    }
+
+    async fn notifications(
+        &self,
+        rule: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        sqlite::notifications(self.reader(), rule, limit).await
+    }
+
+    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        sqlite::record_attempt(&mut conn, notification).await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let deleted = sqlite::delete_before(&mut conn, cutoff_unix_nano).await?;
+        conn.keep();
+        Ok(deleted)
+    }
+
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        sqlite::rule_specs(self.reader()).await
+    }
+
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        sqlite::put_rule(&mut conn, name, definition, now_unix_nano).await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let deleted = sqlite::delete_rule(&mut conn, name).await?;
+        conn.keep();
+        Ok(deleted)
+    }
+
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
+        sqlite::silences(self.reader()).await
+    }
+
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let id = sqlite::put_silence(&mut conn, silence).await?;
+        conn.keep();
+        Ok(id)
+    }
+}
+
+#[async_trait]
+impl AlertStore for PostgresStore {
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
+        postgres::instances(self.pool()).await
+    }
+
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        postgres::save(&mut tx, write).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
+        postgres::history(self.pool(), query).await
+    }
+
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        postgres::due_notifications(self.pool(), now_unix_nano, limit).await
+    }
+
+    async fn notifications(
+        &self,
+        rule: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        postgres::notifications(self.pool(), rule, limit).await
+    }
+
+    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        postgres::record_attempt(&mut conn, notification).await
+    }
+
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        postgres::delete_before(&mut conn, cutoff_unix_nano).await
+    }
+
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        postgres::rule_specs(self.pool()).await
+    }
+
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        postgres::put_rule(&mut conn, name, definition, now_unix_nano).await?;
+        Ok(())
+    }
+
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        let deleted = postgres::delete_rule(&mut conn, name).await?;
+        Ok(deleted)
+    }
+
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
+        postgres::silences(self.pool()).await
+    }
+
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        let id = postgres::put_silence(&mut conn, silence).await?;
+        Ok(id)
+    }
+}
 
 /// What one evaluation pass writes, in one transaction.
 #[derive(Debug, Clone, Default)]
@@ -32,7 +252,7 @@ pub struct HistoryQuery {
 
 pub(crate) const INSTANCE_COLUMNS: &str = "rule, service, operation, state, severity, value, \
      short_value, threshold, requests, active_since, fired_at, cleared_since, resolved_at, evaluated_at, \
-     notified, spent_by";
+     notified, notified_at, spent_by";
 
 pub(crate) const HISTORY_COLUMNS: &str = "rule, service, operation, state, severity, value, \
      short_value, threshold, requests, evaluated_at";
@@ -46,7 +266,8 @@ pub(crate) const INSTANCE_UPSERT: &str = " ON CONFLICT (rule, service, operation
      requests = excluded.requests, active_since = excluded.active_since, \
      fired_at = excluded.fired_at, cleared_since = excluded.cleared_since, \
      resolved_at = excluded.resolved_at, evaluated_at = excluded.evaluated_at, \
-     notified = excluded.notified, spent_by = excluded.spent_by";
+     notified = excluded.notified, notified_at = excluded.notified_at, \
+     spent_by = excluded.spent_by";
 
 /// Rows per multi-row statement: within both backends' bind limits.
 pub(crate) const CHUNK: usize = 500;
@@ -76,6 +297,7 @@ pub(crate) struct StoredInstance {
     pub resolved_at: Option<i64>,
     pub evaluated_at: i64,
     pub notified: i64,
+    pub notified_at: Option<i64>,
     /// "service\noperation", or NULL.
     pub spent_by: Option<String>,
 }
@@ -101,6 +323,7 @@ impl StoredInstance {
             resolved_at: self.resolved_at.map(to_u64),
             evaluated_at: to_u64(self.evaluated_at),
             notified: self.notified != 0,
+            notified_at: self.notified_at.map(to_u64),
             spent_by: self.spent_by.and_then(|s| {
                 s.split_once('\n')
                     .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -142,6 +365,7 @@ impl StoredHistory {
             resolved_at: None,
             evaluated_at: self.evaluated_at,
             notified: 0,
+            notified_at: None,
             spent_by: None,
         }
         .decode()
@@ -278,6 +502,7 @@ macro_rules! alert_sql {
                         .push_bind(i.resolved_at.map(to_i64))
                         .push_bind(to_i64(i.evaluated_at))
                         .push_bind(i64::from(i.notified))
+                        .push_bind(i.notified_at.map(to_i64))
                         .push_bind(i.spent_by.as_ref().map(|(s, o)| format!("{s}\n{o}")));
                 });
                 q.push(INSTANCE_UPSERT);

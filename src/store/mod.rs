@@ -16,14 +16,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::alerts::eval::Instance;
-use crate::alerts::notify::Notification;
-use crate::alerts::silence::Silence;
 use crate::analyze::hops::HopSample;
 use crate::analyze::summary::TraceSummary;
 use crate::codec;
 use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
-use alerts::{AlertWrite, HistoryQuery};
+pub use alerts::AlertStore;
 use query::TraceQuery;
 use rollup::HopRollupRow;
 
@@ -58,8 +55,9 @@ pub struct Operation {
     pub kind: SpanKind,
 }
 
+/// Spans, summaries and hop rollups; alert state through its supertrait `AlertStore`.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: AlertStore + Send + Sync + 'static {
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
@@ -134,57 +132,6 @@ pub trait Store: Send + Sync + 'static {
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;
-
-    /// Every alert instance that is not inactive, by rule and hop.
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError>;
-
-    /// Writes what an evaluation pass decided (instances, history, notifications to send)
-    /// in one transaction, so a notification is queued exactly when its change is stored.
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError>;
-
-    /// Evaluations of instances while pending or firing, newest first.
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError>;
-
-    /// Notifications whose next attempt is due at `now`, oldest first.
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError>;
-
-    /// The delivery log (every notification, pending or not), newest first.
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError>;
-
-    /// Stores the outcome of a delivery attempt (attempts, next attempt, delivery, error).
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError>;
-
-    /// Deletes alert history, finished notifications and silences that ended before the
-    /// cutoff.
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError>;
-
-    /// (name, definition JSON) of the alert rules created in the UI or the API.
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError>;
-
-    /// Creates or replaces a stored alert rule.
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError>;
-
-    /// Deletes a stored alert rule; false when there was none of that name.
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError>;
-
-    /// Every silence, newest first.
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError>;
-
-    /// Inserts a silence (id 0) or updates one; returns its id.
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError>;
 }
 
 /// Opens the store a database URL names and brings its schema up to date.

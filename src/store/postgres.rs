@@ -16,7 +16,6 @@ use super::{
 };
 use sqlx::{Postgres, QueryBuilder};
 
-use super::alerts::{AlertWrite, HistoryQuery, postgres as alert_sql};
 use super::query::{
     AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
     finish_search, rollup_query, start_search, terms,
@@ -26,9 +25,6 @@ use super::rollup::{
     TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
-use crate::alerts::eval::Instance;
-use crate::alerts::notify::Notification;
-use crate::alerts::silence::Silence;
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -66,6 +62,10 @@ pub struct PostgresStore {
 const FIRST_ANALYZE_AT: u64 = 10_000;
 
 impl PostgresStore {
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Connects and runs migrations. The URL may choose a schema with
     /// `?options[search_path]=NAME` (the schema must exist).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -590,78 +590,6 @@ impl Store for PostgresStore {
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
-    }
-
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
-        alert_sql::instances(&self.pool).await
-    }
-
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        alert_sql::save(&mut tx, write).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
-        alert_sql::history(&self.pool, query).await
-    }
-
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        alert_sql::due_notifications(&self.pool, now_unix_nano, limit).await
-    }
-
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        alert_sql::notifications(&self.pool, rule, limit).await
-    }
-
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        alert_sql::record_attempt(&mut conn, notification).await
-    }
-
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        alert_sql::delete_before(&mut conn, cutoff_unix_nano).await
-    }
-
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
-        alert_sql::rule_specs(&self.pool).await
-    }
-
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        alert_sql::put_rule(&mut conn, name, definition, now_unix_nano).await?;
-        Ok(())
-    }
-
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let deleted = alert_sql::delete_rule(&mut conn, name).await?;
-        Ok(deleted)
-    }
-
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
-        alert_sql::silences(&self.pool).await
-    }
-
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        let id = alert_sql::put_silence(&mut conn, silence).await?;
-        Ok(id)
     }
 }
 

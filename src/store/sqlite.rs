@@ -14,7 +14,6 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
-use super::alerts::{AlertWrite, HistoryQuery, sqlite as alert_sql};
 use super::query::{
     AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
     finish_search, rollup_query, start_search, terms,
@@ -28,9 +27,6 @@ use super::{
     decode_operations, decode_rows,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
-use crate::alerts::eval::Instance;
-use crate::alerts::notify::Notification;
-use crate::alerts::silence::Silence;
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -90,6 +86,11 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The read-only pool.
+    pub(crate) fn reader(&self) -> &SqlitePool {
+        &self.reader
+    }
+
     /// Opens (creating if needed) the database and runs migrations.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
@@ -178,7 +179,7 @@ impl SqliteStore {
     ///
     /// The connection stays out of the pool between writes: given back after each one, sqlx
     /// pinged it on its worker thread and the next write waited for that hand-back.
-    async fn write_connection(&self) -> Result<WriteConnection<'_>, StoreError> {
+    pub(crate) async fn write_connection(&self) -> Result<WriteConnection<'_>, StoreError> {
         let mut side = self.writes.lock().await;
         if side.sqlx.is_none() {
             side.sqlx = Some(self.writer.acquire().await?);
@@ -366,7 +367,7 @@ struct WriteSide {
 
 /// The writer connection for one write (`SqliteStore::write_connection`), locked against
 /// every other write until dropped.
-struct WriteConnection<'a> {
+pub(crate) struct WriteConnection<'a> {
     side: tokio::sync::MutexGuard<'a, WriteSide>,
     /// Set by `keep` when the write succeeded. A failed write gives the connection back to
     /// the pool, which tests it and replaces it if it has gone bad (a rollback sqlx queued
@@ -377,7 +378,7 @@ struct WriteConnection<'a> {
 
 impl WriteConnection<'_> {
     /// The write succeeded: the connection stays out of the pool for the next one.
-    fn keep(&mut self) {
+    pub(crate) fn keep(&mut self) {
         self.keep = true;
     }
 }
@@ -1039,87 +1040,6 @@ impl Store for SqliteStore {
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
-    }
-
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
-        alert_sql::instances(&self.reader).await
-    }
-
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        alert_sql::save(&mut tx, write).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
-        alert_sql::history(&self.reader, query).await
-    }
-
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        alert_sql::due_notifications(&self.reader, now_unix_nano, limit).await
-    }
-
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        alert_sql::notifications(&self.reader, rule, limit).await
-    }
-
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        alert_sql::record_attempt(&mut conn, notification).await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let deleted = alert_sql::delete_before(&mut conn, cutoff_unix_nano).await?;
-        conn.keep();
-        Ok(deleted)
-    }
-
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
-        alert_sql::rule_specs(&self.reader).await
-    }
-
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        alert_sql::put_rule(&mut conn, name, definition, now_unix_nano).await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let deleted = alert_sql::delete_rule(&mut conn, name).await?;
-        conn.keep();
-        Ok(deleted)
-    }
-
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
-        alert_sql::silences(&self.reader).await
-    }
-
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let id = alert_sql::put_silence(&mut conn, silence).await?;
-        conn.keep();
-        Ok(id)
     }
 }
 

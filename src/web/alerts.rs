@@ -74,6 +74,7 @@ pub fn rule_json(rule: &Rule) -> Value {
         "short_window": rule.short_window.map(duration),
         "for": duration(rule.for_),
         "keep_firing_for": duration(rule.keep_firing_for),
+        "repeat_interval": rule.repeat_interval.map(duration),
         "min_requests": rule.min_requests,
         "labels": rule.labels,
         "annotations": rule.annotations,

@@ -153,6 +153,12 @@ fn fields(spec: &RuleSpec) -> Vec<Field> {
             text(&spec.keep_firing_for),
         ),
         plain(
+            "repeat_interval",
+            "Repeat every",
+            "optional: notify again while firing, e.g. 4h",
+            text(&spec.repeat_interval),
+        ),
+        plain(
             "min_requests",
             "Minimum requests",
             "no alert on a hop with fewer in the window",
@@ -217,6 +223,7 @@ fn spec_from_form(form: &[(String, String)]) -> (RuleSpec, Vec<RuleError>, Strin
             "window" => spec.window = opt(),
             "for" => spec.for_ = opt(),
             "keep_firing_for" => spec.keep_firing_for = opt(),
+            "repeat_interval" => spec.repeat_interval = opt(),
             "short_window" => spec.short_window = opt(),
             "min_requests" if !value.is_empty() => match value.parse() {
                 Ok(n) => spec.min_requests = Some(n),
@@ -419,6 +426,7 @@ fn spec_of(rule: &crate::alerts::rules::Rule) -> RuleSpec {
         keep_firing_for: (!rule.keep_firing_for.is_zero())
             .then(|| duration(rule.keep_firing_for))
             .flatten(),
+        repeat_interval: rule.repeat_interval.and_then(duration),
         min_requests: Some(rule.min_requests),
         labels: rule.labels.clone(),
         annotations: rule.annotations.clone(),

@@ -452,6 +452,9 @@ pub async fn rule(
     if !rule.keep_firing_for.is_zero() {
         definition.push(("Keeps firing for", duration(rule.keep_firing_for)));
     }
+    if let Some(every) = rule.repeat_interval {
+        definition.push(("Repeats every", duration(every)));
+    }
     if let Some(short) = rule.short_window {
         definition.push(("Short window", duration(short)));
     }
