@@ -274,21 +274,15 @@ impl Rule {
     /// The threshold that clears a firing instance.
     pub fn clear_threshold(&self) -> f64 {
         self.resolve_threshold
-            .unwrap_or(self.threshold.min_by(self.warning, self.op))
+            .unwrap_or(loosest(self.op, self.threshold, self.warning))
     }
 }
 
-trait LoosestExt {
-    fn min_by(self, warning: Option<f64>, op: Op) -> f64;
-}
-
-impl LoosestExt for f64 {
-    /// The looser of the critical and the warning threshold.
-    fn min_by(self, warning: Option<f64>, op: Op) -> f64 {
-        match warning {
-            Some(w) if op.stricter(self, w) => w,
-            _ => self,
-        }
+/// The looser of the critical and the warning threshold: the one a value passes first.
+fn loosest(op: Op, threshold: f64, warning: Option<f64>) -> f64 {
+    match warning {
+        Some(w) if op.stricter(threshold, w) => w,
+        _ => threshold,
     }
 }
 
@@ -645,7 +639,7 @@ pub fn validate_rule(
             ),
         );
     }
-    let loosest = threshold.min_by(warning, op);
+    let loosest = loosest(op, threshold, warning);
     if let Some(r) = resolve_threshold
         && op.stricter(r, loosest)
     {

@@ -302,16 +302,25 @@ pub fn backtest_json(result: &Backtest, selected: usize) -> Value {
     })
 }
 
+/// Backtests a rule as written, before it is saved: its problems, or the backtest and how
+/// many hops it selects. Receivers do not change what fires, and a name is not needed.
+pub async fn backtest_spec(
+    state: &AppState,
+    spec: &RuleSpec,
+) -> Result<(Backtest, usize), Result<Vec<RuleError>, ApiError>> {
+    let mut probe = spec.clone();
+    probe.receivers.clear();
+    probe.name.get_or_insert_with(|| "backtest".into());
+    let rule =
+        validate_rule(&probe, "the rule", RuleSource::Database, &BTreeSet::new()).map_err(Ok)?;
+    alerter::backtest(state.store.as_ref(), &rule, now())
+        .await
+        .map_err(|e| Err(e.into()))
+}
+
 pub async fn backtest(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let spec: RuleSpec = parse_body(&body, "rule")?;
-    let receivers: BTreeSet<&str> = BTreeSet::new();
-    let mut spec = spec;
-    // Receivers do not change what fires; a rule is backtested whatever it notifies.
-    spec.receivers.clear();
-    spec.name.get_or_insert_with(|| "backtest".into());
-    let rule = validate_rule(&spec, "the rule", RuleSource::Database, &receivers)
-        .map_err(|errors| invalid_rule(&errors))?;
-    let (result, selected) = alerter::backtest(state.store.as_ref(), &rule, now()).await?;
+    let (result, selected) = backtest_spec(&state, &spec).await.map_err(save_error)?;
     Ok(Json(backtest_json(&result, selected)))
 }
 

@@ -14,9 +14,11 @@ use axum::response::{IntoResponse as _, Redirect, Response};
 use super::{PageError, enc, fmt_duration, fmt_time, hop_href, html, now_unix_nano};
 use crate::alerter;
 use crate::alerts::notify::fmt_value;
-use crate::alerts::rules::{RuleError, RuleSource, RuleSpec, Signal};
+use crate::alerts::rules::{RuleError, RuleSpec, Signal};
 use crate::web::AppState;
-use crate::web::alerts::{expire_silence_now, rule_origin, save_rule, validate_silence};
+use crate::web::alerts::{
+    backtest_spec, expire_silence_now, rule_origin, save_rule, validate_silence,
+};
 
 /// One input of the rule form.
 pub struct Field {
@@ -322,9 +324,9 @@ fn form_page(
             }),
         }
     }
-    if let Some(name) = editing {
+    if editing.is_some() {
+        // A stored rule keeps its name.
         fields.retain(|f| f.name != "name");
-        let _ = name;
     }
     let set = state.rules.current();
     RuleFormPage {
@@ -458,25 +460,16 @@ async fn submit(
         spec.name = Some(name.to_string());
     }
     if errors.is_empty() && action == "backtest" {
-        let mut probe = spec.clone();
-        probe.receivers.clear();
-        probe.name.get_or_insert_with(|| "backtest".into());
-        match crate::alerts::rules::validate_rule(
-            &probe,
-            "the rule",
-            RuleSource::Database,
-            &Default::default(),
-        ) {
-            Ok(rule) => {
-                let (result, selected) =
-                    alerter::backtest(state.store.as_ref(), &rule, now_unix_nano()).await?;
+        match backtest_spec(state, &spec).await {
+            Ok((result, selected)) => {
                 let view = backtest_view(&result, selected);
                 return Ok(html(
                     StatusCode::OK,
                     &form_page(state, &spec, editing, &[], Some(view)),
                 ));
             }
-            Err(found) => errors = found,
+            Err(Ok(found)) => errors = found,
+            Err(Err(error)) => return Err(error.into()),
         }
     }
     if errors.is_empty() {
