@@ -255,6 +255,20 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
                 "{path}: {body}"
             );
         }
+        // The instance links to the traces that show it.
+        let page = get_text(&server, "/alerts/rules/checkout-burning").await;
+        let start = page
+            .find("href=\"/traces?service=edge")
+            .expect("an examples link")
+            + 6;
+        let href = page[start..start + page[start..].find('"').unwrap()].replace("&#38;", "&");
+        assert!(href.contains("flag=local_exceed"), "{href}");
+        let traces = get_text(&server, &href).await;
+        assert!(
+            (1..=4u8).any(|id| traces.contains(&hex::encode([id; 16]))),
+            "{backend}: {href} lists none of the traces"
+        );
+
         // The overview and the hop's page show what fires.
         for path in ["/", "/hops/edge/GET%20%2Fcheckout"] {
             let page = get_text(&server, path).await;

@@ -36,6 +36,8 @@ pub struct InstanceRow {
     pub since: String,
     /// "silenced by #3", "inhibited by RULE on HOP", or empty.
     pub silenced: String,
+    /// The hop's traces over the episode (with the rule's flag): the traces that show it.
+    pub traces_href: String,
 }
 
 /// A firing instance, for the overview and hop pages.
@@ -220,7 +222,30 @@ fn instance_row(instance: &Instance, quiet: &Quiet<'_>) -> InstanceRow {
         requests: instance.requests,
         since: fmt_time(since),
         silenced,
+        traces_href: traces_href(rule, instance),
     }
+}
+
+/// The search for the traces behind an instance: its hop, the rule's flag, from a window
+/// before the episode began until it resolved (or now).
+fn traces_href(rule: Option<&Rule>, instance: &Instance) -> String {
+    let window = rule.map_or(0, |r| r.window.as_nanos() as u64);
+    let ms = |nanos: u64| (nanos / 1_000_000).to_string();
+    let since = ms(instance.active_since.saturating_sub(window));
+    let until = instance.resolved_at.map(ms).unwrap_or_default();
+    let flag = rule
+        .and_then(|r| r.signal.flag())
+        .map_or("", |f| f.as_str());
+    format!(
+        "/traces{}",
+        super::query_string([
+            ("service", instance.service.as_str()),
+            ("operation", instance.operation.as_str()),
+            ("flag", flag),
+            ("since", since.as_str()),
+            ("until", until.as_str()),
+        ])
+    )
 }
 
 fn silence_row(silence: &Silence, now: u64) -> SilenceRow {
