@@ -841,6 +841,33 @@ async fn forms_save_rules_and_refuse_other_sites() {
     assert_eq!(response.status(), 303);
     let page = get_text(&server, "/alerts/rules/from-the-form").await;
     assert!(page.contains("No such alert rule"));
+    // A hostile rule name is text on every page, and its links are encoded.
+    let hostile = "<img src=x onerror=alert(1)>";
+    let (status, _) = send(
+        &server,
+        reqwest::Method::POST,
+        "/api/alerts/rules",
+        Some(serde_json::json!({
+            "name": hostile, "signal": "requests", "op": "<", "threshold": 1, "window": "5m",
+            "annotations": {"summary": "<script>alert(2)</script>"},
+        })),
+    )
+    .await;
+    assert_eq!(status, 201);
+    for path in [
+        "/alerts",
+        "/alerts/rules/%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E",
+    ] {
+        let page = get_text(&server, path).await;
+        assert!(
+            page.contains("&#60;img src=x onerror=alert(1)&#62;"),
+            "{path}: {page}"
+        );
+        assert!(
+            !page.contains(hostile) && !page.contains("<script>alert"),
+            "{path}"
+        );
+    }
     // A file rule has no edit form.
     let response = client
         .get(url("/alerts/rules/checkout-burning/edit"))
