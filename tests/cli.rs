@@ -343,7 +343,7 @@ fn analyze_json_has_the_api_shape_and_reads_json_lines() {
     assert_eq!(analysis["burner"]["service"], "inventory");
     assert_eq!(
         analysis["flag_counts"],
-        serde_json::json!({"inflated": 1, "overspent": 1})
+        serde_json::json!({"inflated": 1, "overspent": 1, "local_exceed": 1})
     );
     assert_eq!(
         analysis["rows"][1]["flags"][0]["message"],

@@ -204,6 +204,7 @@ pub(super) fn evaluate(spans: &[Span], tree: &Tree, options: &AnalyzeOptions) ->
         })
         .collect();
 
+    // Calls first: a hop's rules read its calls' flags (doomed, inflated).
     for i in 0..n {
         if tree.missing_parent[i] {
             let parent = spans[i]
@@ -215,18 +216,100 @@ pub(super) fn evaluate(spans: &[Span], tree: &Tree, options: &AnalyzeOptions) ->
                 format!("parent {parent} is not in this trace; shown as a root"),
             );
         }
-        match tree.role[i] {
-            Role::Call => call_rules(&facts, i, &mut drafts[i]),
-            Role::Hop => {
-                hop_vs_caller(&facts, i, &mut drafts[i]);
-                hop_budget(&facts, i, &mut drafts);
-                drafts[i].self_ms = Some(self_ms(&facts, i));
-            }
-            Role::Checkpoint | Role::Other => {}
+        if tree.role[i] == Role::Call {
+            call_rules(&facts, i, &mut drafts[i]);
         }
     }
+    for i in 0..n {
+        if tree.role[i] == Role::Hop {
+            hop_vs_caller(&facts, i, &mut drafts[i]);
+            hop_budget(&facts, i, &mut drafts);
+            drafts[i].self_ms = Some(self_ms(&facts, i));
+        }
+    }
+    origins(&facts, &mut drafts);
     retries(&facts, &mut drafts);
     summarise(&facts, drafts, options)
+}
+
+/// The rest of "every exceeded request has an origin" (BUDGET_SEMANTICS.md): a hop whose
+/// budget ran out while it waited downstream holds the exceed itself when nothing
+/// downstream can: the callee was sent more than was left (`inflated`), or it answered
+/// within its own budget and nothing under it exceeded (the time was lost between them);
+/// and a hop cancelled at its deadline holds it. Children are decided before parents.
+fn origins(facts: &Facts, drafts: &mut [Draft]) {
+    let tree = facts.tree;
+    let n = facts.spans.len();
+    // Whether a span or anything under it holds an exceed, or refused on purpose.
+    let mut below = vec![false; n];
+    for &i in tree.order.iter().rev() {
+        let own =
+            drafts[i].exceed.is_some() || drafts[i].flags.iter().any(|f| f.flag == Flag::Refused);
+        below[i] = own || tree.children[i].iter().any(|&c| below[c]);
+        // A hop that refused is an origin already; one with an exceed has its reason.
+        if tree.role[i] != Role::Hop || own {
+            continue;
+        }
+        if let Some(message) = origin_reason(facts, i, drafts, &below) {
+            drafts[i].exceed = Some(Exceed::Local);
+            drafts[i].flag(Flag::LocalExceed, message);
+            below[i] = true;
+        }
+    }
+}
+
+/// Why hop `h` (with a budget left when it started) is where its request ran out, by the
+/// origin conditions beyond its own work and doomed calls; `None` when none holds.
+fn origin_reason(facts: &Facts, h: usize, drafts: &[Draft], below: &[bool]) -> Option<String> {
+    let (tree, tau) = (facts.tree, facts.tau);
+    let received = facts.budget[h].filter(|b| *b > 0.0)?;
+    let deadline = tree.start_ms[h] + received;
+    let waited_on: Vec<usize> = facts.owned_calls[h]
+        .iter()
+        .copied()
+        .filter(|&c| {
+            facts.has_child_hop(c) && tree.start_ms[c] <= deadline && deadline <= tree.end_ms[c]
+        })
+        .collect();
+    if tree.end_ms[h] > deadline + tau {
+        let flagged = |c: usize, flag: Flag| drafts[c].flags.iter().any(|f| f.flag == flag);
+        if let Some(&c) = waited_on.iter().find(|&&c| flagged(c, Flag::Inflated)) {
+            return Some(format!(
+                "deadline passed while waiting on {}, which was sent more time than was left",
+                facts.target_label(c)
+            ));
+        }
+        let answered_in_time = |c: usize| {
+            let callees: Vec<usize> = tree.children[c]
+                .iter()
+                .copied()
+                .filter(|&k| tree.role[k] == Role::Hop)
+                .collect();
+            !callees.is_empty()
+                && callees.iter().all(|&k| {
+                    !below[k] && facts.budget[k].is_some_and(|b| facts.duration[k] <= b + tau)
+                })
+        };
+        if let Some(&c) = waited_on.iter().find(|&&c| answered_in_time(c)) {
+            return Some(format!(
+                "deadline passed while waiting on {}, which answered within its own budget: the time was lost between them",
+                facts.target_label(c)
+            ));
+        }
+    }
+    let end_to_deadline = tree.end_ms[h] - deadline;
+    if waited_on.is_empty() && is_deadline_class(&facts.spans[h]) && end_to_deadline.abs() <= tau {
+        return Some(format!(
+            "cancelled at its deadline (ended {} ms {} it, with a deadline status)",
+            fmt_ms(end_to_deadline.abs()),
+            if end_to_deadline >= 0.0 {
+                "after"
+            } else {
+                "before"
+            }
+        ));
+    }
+    None
 }
 
 /// `inflated` and `doomed` on a call, from what its owner hop had left when it called.
@@ -523,6 +606,21 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
             }
         }
     };
+    // An exceeded request that still has no origin is counted at its edge hop.
+    let has_origin = rows.iter().any(|row| {
+        row.exceed == Some(Exceed::Local) || row.flags.iter().any(|f| f.flag == Flag::Refused)
+    });
+    if outcome == Outcome::Exceeded
+        && !has_origin
+        && let Some(r) = edge_row
+        && rows[r].exceed.is_none()
+    {
+        rows[r].exceed = Some(Exceed::Local);
+        rows[r].flags.push(FlagNote {
+            flag: Flag::LocalExceed,
+            message: "unattributed: the request exceeded its budget, and no hop's own work, call or cancellation explains where".into(),
+        });
+    }
     let mut flag_counts = BTreeMap::new();
     for note in rows.iter().flat_map(|row| &row.flags) {
         *flag_counts.entry(note.flag).or_insert(0) += 1;

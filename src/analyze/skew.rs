@@ -1,6 +1,9 @@
 //! Display adjustment for clock skew between hosts, as Jaeger's adjuster does: a child hop
-//! of another service that does not fit inside the call that reached it is centred in that
-//! call (or aligned to its start when longer), and its whole subtree moves with it.
+//! of another service that starts outside the call that reached it is centred in that call
+//! (or aligned to its start when longer), and its whole subtree moves with it. A hop that
+//! starts inside its call is never moved, even when it ends after it: that is work done
+//! after the caller gave up (BUDGET_SEMANTICS.md, "A hop that outlives its call is not
+//! clock skew").
 //!
 //! Architecture invariant: runs after every flag is decided and only moves display offsets
 //! (`start_offset_ms`, `deadline_offset_ms`, recording `skew_shift_ms`); no rule reads them.
@@ -23,7 +26,9 @@ pub(super) fn adjust(spans: &[Span], tree: &Tree, analysis: &mut Analysis) {
         }
         let (call_start, call_end) = (tree.start_ms[p] + shift[p], tree.end_ms[p] + shift[p]);
         let (hop_start, hop_end) = (tree.start_ms[i] + inherited, tree.end_ms[i] + inherited);
-        if hop_start >= call_start && hop_end <= call_end {
+        // A hop that starts inside its call is where it happened: one that ends after its
+        // call kept working after its caller gave up (`wasted`), not a skewed clock.
+        if hop_start >= call_start && hop_start <= call_end {
             continue;
         }
         let (call_duration, hop_duration) = (call_end - call_start, hop_end - hop_start);
