@@ -6,7 +6,7 @@
 use crate::model::{AttrValue, Attributes, Budget, attr};
 
 /// The attribute keys consulted, in order, when none are configured
-/// (BUDGET_SEMANTICS.md, "Budget observation").
+/// (docs/budget-semantics.md, "Where the budget is read from").
 pub const DEFAULT_BUDGET_KEYS: &[&str] = &[
     "deadline.remaining_ms",
     "http.request.header.x-request-budget-ms",

@@ -1,5 +1,5 @@
 //! The budget analysis: from the spans of one trace, the waterfall rows, every flag of
-//! BUDGET_SEMANTICS.md with a message a person understands, the per-hop numbers and the
+//! docs/budget-semantics.md with a message a person understands, the per-hop numbers and the
 //! request's outcome.
 //!
 //! Architecture invariant: pure. Spans in, `Analysis` out; no clock, database, network,
@@ -28,7 +28,7 @@ use crate::model::Span;
 
 #[derive(Debug, Clone)]
 pub struct AnalyzeOptions {
-    /// τ: differences within it are never flagged (BUDGET_SEMANTICS.md).
+    /// τ: differences within it are never flagged (docs/budget-semantics.md).
     pub tolerance_ms: f64,
 }
 
@@ -38,7 +38,7 @@ impl Default for AnalyzeOptions {
     }
 }
 
-/// Every flag of BUDGET_SEMANTICS.md, in the order the contract lists them.
+/// Every flag of docs/budget-semantics.md, in the order the contract lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Flag {
     Inflated,

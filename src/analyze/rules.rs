@@ -1,4 +1,4 @@
-//! The flags, per-hop numbers and outcome of BUDGET_SEMANTICS.md, one function per rule.
+//! The flags, per-hop numbers and outcome of docs/budget-semantics.md, one function per rule.
 //!
 //! Every timestamp comparison here is between spans of one service (a hop and its own
 //! calls); across services only budgets and durations are compared, so clock skew between
@@ -45,7 +45,7 @@ impl Facts<'_> {
             .unwrap_or_else(|| span.name.clone())
     }
 
-    /// The retry target (BUDGET_SEMANTICS.md, "Retry target").
+    /// The retry target (docs/budget-semantics.md, "retry").
     fn retry_target(&self, c: usize) -> String {
         if let Some(h) = self.tree.child_hops(c).next() {
             return format!(
@@ -232,7 +232,7 @@ pub(super) fn evaluate(spans: &[Span], tree: &Tree, options: &AnalyzeOptions) ->
     summarise(&facts, drafts, options)
 }
 
-/// The rest of "every exceeded request has an origin" (BUDGET_SEMANTICS.md): a hop whose
+/// The rest of "every exceeded request has an origin" (docs/budget-semantics.md): a hop whose
 /// budget ran out while it waited downstream holds the exceed itself when nothing
 /// downstream can: the callee was sent more than was left (`inflated`), or it answered
 /// within its own budget and nothing under it exceeded (the time was lost between them);

@@ -2,8 +2,8 @@
 //! of another service that starts outside the call that reached it is centred in that call
 //! (or aligned to its start when longer), and its whole subtree moves with it. A hop that
 //! starts inside its call is never moved, even when it ends after it: that is work done
-//! after the caller gave up (BUDGET_SEMANTICS.md, "A hop that outlives its call is not
-//! clock skew").
+//! after the caller gave up (docs/budget-semantics.md,
+//! "Reading the waterfall").
 //!
 //! Architecture invariant: runs after every flag is decided and only moves display offsets
 //! (`start_offset_ms`, `deadline_offset_ms`, recording `skew_shift_ms`); no rule reads them.

@@ -344,7 +344,7 @@ pub async fn oneshot(
     (status, headers, String::from_utf8(body.to_vec()).unwrap())
 }
 
-/// The inflated-checkout trace of BUDGET_SEMANTICS.md (edge forwards a fresh 5 s timeout
+/// The inflated-checkout trace of docs/budget-semantics.md (edge forwards a fresh 5 s timeout
 /// with 780 ms left; inventory takes 1.49 s), moved to end about a minute ago.
 pub fn checkout_a_minute_ago() -> Vec<Span> {
     let mut spans = budgetscope::analyze::fixture::parse(
