@@ -101,7 +101,15 @@ async fn every_page_shows_the_budget_story() {
             traces.body.contains(&format!(r#"href="/traces/{id}""#)),
             "{backend}"
         );
-        assert!(traces.body.contains(r#"<span class="badge f-inflated""#));
+        // A flag badge links to its meaning in the guide, which the server shows.
+        assert!(
+            traces
+                .body
+                .contains(r#"<a class="badge f-inflated" href="/help/budget-semantics#inflated""#)
+        );
+        let guide = get(&state, "/help/budget-semantics").await;
+        assert_eq!(guide.status, StatusCode::OK);
+        assert!(guide.body.contains(r#"<h3 id="inflated">"#), "{backend}");
         assert!(
             traces
                 .body

@@ -92,6 +92,7 @@ pub fn app(state: AppState) -> Router {
         .route("/traces/{trace_id}", get(pages::trace::trace))
         .route("/traces/{trace_id}/rows", get(pages::trace::rows))
         .route("/hops/{service}/{operation}", get(pages::hop::hop))
+        .route("/help/budget-semantics", get(pages::help::budget_semantics))
         .route("/alerts", get(pages::alerts::alerts))
         .route(
             "/alerts/rules/new",
