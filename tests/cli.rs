@@ -345,6 +345,15 @@ fn analyze_json_has_the_api_shape_and_reads_json_lines() {
         analysis["flag_counts"],
         serde_json::json!({"inflated": 1, "overspent": 1, "local_exceed": 1})
     );
+    // Where it ran out: edge, which sent a fresh timeout it did not have.
+    assert_eq!(analysis["origins"][0]["service"], "edge");
+    assert!(
+        analysis["origins"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("which was sent more time than was left"),
+        "{analysis}"
+    );
     assert_eq!(
         analysis["rows"][1]["flags"][0]["message"],
         "forwarded 5000 ms with 780 ms left"

@@ -204,6 +204,9 @@ pub struct Analysis {
     pub burner: Option<usize>,
     /// Index into `rows` of the edge hop.
     pub edge: Option<usize>,
+    /// Indexes into `rows` of the request's origin hops when it exceeded its budget: where
+    /// it ran out (a local exceed, or a refusal); empty otherwise.
+    pub origins: Vec<usize>,
     pub flag_counts: BTreeMap<Flag, usize>,
     /// Hops per service: how many requests reached each service.
     pub calls_reaching: BTreeMap<String, usize>,
@@ -212,6 +215,16 @@ pub struct Analysis {
 }
 
 /// Analyses one trace. Never panics, whatever the spans.
+/// Why an origin row is where its request ran out: its local exceed's message, or that it
+/// refused.
+pub fn origin_reason(row: &Row) -> &str {
+    row.flags
+        .iter()
+        .find(|f| f.flag == Flag::LocalExceed)
+        .or_else(|| row.flags.iter().find(|f| f.flag == Flag::Refused))
+        .map_or("", |f| f.message.as_str())
+}
+
 pub fn analyze(spans: &[Span], options: &AnalyzeOptions) -> Analysis {
     let tree = tree::Tree::build(spans);
     let mut analysis = rules::evaluate(spans, &tree, options);

@@ -621,6 +621,16 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
             message: "unattributed: the request exceeded its budget, and no hop's own work, call or cancellation explains where".into(),
         });
     }
+    let origins = if outcome == Outcome::Exceeded {
+        (0..rows.len())
+            .filter(|&r| {
+                rows[r].exceed == Some(Exceed::Local)
+                    || rows[r].flags.iter().any(|f| f.flag == Flag::Refused)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut flag_counts = BTreeMap::new();
     for note in rows.iter().flat_map(|row| &row.flags) {
         *flag_counts.entry(note.flag).or_insert(0) += 1;
@@ -639,6 +649,7 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
         tolerance_ms: options.tolerance_ms,
         burner,
         edge: edge_row,
+        origins,
         flag_counts,
         calls_reaching,
         rows,

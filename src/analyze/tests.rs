@@ -581,6 +581,11 @@ edge server "GET /checkout" 0 1200 budget=1000
         "deadline passed while waiting on inventory, which was sent more time than was left"
     );
     assert_eq!(exceed_reason(&spans, "GET /stock").0, None);
+    let analysis = run(&spans);
+    assert_eq!(analysis.origins, [0], "the request's origin is edge");
+    assert!(text::render(&spans, &analysis).contains(
+        "origin: edge GET /checkout (deadline passed while waiting on inventory, which was sent more time than was left)"
+    ));
 }
 
 #[test]

@@ -28,6 +28,17 @@ pub fn render(spans: &[Span], analysis: &Analysis) -> String {
         fmt_ms(analysis.duration_ms),
         burner.as_deref().unwrap_or("none"),
     );
+    for &r in &analysis.origins {
+        let row = &analysis.rows[r];
+        let span = &spans[row.span];
+        let _ = writeln!(
+            out,
+            "origin: {} {} ({})",
+            span.service,
+            span.name,
+            super::origin_reason(row)
+        );
+    }
     for row in &analysis.rows {
         let span = &spans[row.span];
         let indent = "  ".repeat(row.depth.min(40));

@@ -153,6 +153,7 @@ pub struct AnalysisJson<'a> {
     duration_ms: f64,
     tolerance_ms: f64,
     burner: Option<BurnerJson<'a>>,
+    origins: Vec<OriginJson<'a>>,
     flag_counts: BTreeMap<&'static str, usize>,
     calls_reaching: &'a BTreeMap<String, usize>,
     rows: Vec<RowJson<'a>>,
@@ -164,6 +165,15 @@ struct BurnerJson<'a> {
     service: &'a str,
     name: &'a str,
     self_ms: Option<f64>,
+}
+
+/// A hop where an exceeded request ran out.
+#[derive(Serialize)]
+struct OriginJson<'a> {
+    span_id: String,
+    service: &'a str,
+    name: &'a str,
+    reason: &'a str,
 }
 
 #[derive(Serialize)]
@@ -252,6 +262,20 @@ impl<'a> AnalysisJson<'a> {
             duration_ms: analysis.duration_ms,
             tolerance_ms: analysis.tolerance_ms,
             burner,
+            origins: analysis
+                .origins
+                .iter()
+                .map(|&r| {
+                    let row = &analysis.rows[r];
+                    let span = &spans[row.span];
+                    OriginJson {
+                        span_id: span.span_id.to_hex(),
+                        service: &span.service,
+                        name: &span.name,
+                        reason: crate::analyze::origin_reason(row),
+                    }
+                })
+                .collect(),
             flag_counts: analysis
                 .flag_counts
                 .iter()
