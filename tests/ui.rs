@@ -119,6 +119,14 @@ async fn every_page_shows_the_budget_story() {
         assert!(none.body.contains("No analysed trace matches"));
 
         let trace = get(&state, &format!("/traces/{id}")).await;
+        // The time axis reaches the end of the 1540 ms trace.
+        assert!(
+            trace
+                .body
+                .contains(r#"<span style="left: 100.000%">1.54 s</span>"#),
+            "{backend}: the axis stops short:\n{}",
+            &trace.body[trace.body.find("ticks").unwrap_or(0)..][..400]
+        );
         assert_eq!(trace.status, StatusCode::OK, "{backend}");
         assert!(
             trace.body.contains(

@@ -436,7 +436,8 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         q: view.q.clone(),
         span_param: view.span.clone(),
         matches: matched.iter().filter(|m| **m).count(),
-        ticks: (0..4)
+        // Five ticks, the last at the right edge: the axis reaches the end of the trace.
+        ticks: (0..=4)
             .map(|k| (pct(k as f64 * 25.0), fmt_duration(scale * k as f64 / 4.0)))
             .collect(),
         deadline_at: edge_deadline.map(|d| pct(at(d))),
