@@ -122,6 +122,24 @@ rules:
     path
 }
 
+/// Polls `path` (JSON) every 100 ms, up to 30 s, until `done` holds for its body; returns it.
+async fn poll_json(
+    server: &budgetscope::server::RunningServer,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = get_json(server, path).await;
+        if done(&body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{what} within 30 s: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Serve flags that analyse traces at once and evaluate `rules` every second.
 fn fast_alerts(rules: &std::path::Path) -> Vec<&str> {
     vec![
@@ -406,16 +424,11 @@ async fn pending_notifications_survive_a_restart() {
     for id in 1..=4 {
         post_otlp(&server, &otlp_request(&checkout(id, true), 500)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, log) = get_json(&server, "/api/alerts/notifications").await;
-        if log["notifications"][0]["attempts"].as_i64().unwrap_or(0) >= 1 {
-            assert_eq!(log["notifications"][0]["outcome"], "pending", "{log}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "no attempt was made: {log}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log = poll_json(&server, "/api/alerts/notifications", "an attempt", |log| {
+        log["notifications"][0]["attempts"].as_i64().unwrap_or(0) >= 1
+    })
+    .await;
+    assert_eq!(log["notifications"][0]["outcome"], "pending", "{log}");
     server.shutdown().await;
 
     // The receiver comes up on that port, and a new process delivers what was queued.
@@ -662,15 +675,10 @@ async fn a_silence_holds_notifications_back_until_it_ends() {
         post_otlp(&server, &otlp_request(&checkout(id, true), 500)).await;
     }
     // It fires, silenced: shown, not sent.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, body) = get_json(&server, "/api/alerts").await;
-        if body["instances"][0]["state"] == "firing" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never fired: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_json(&server, "/api/alerts", "firing", |body| {
+        body["instances"][0]["state"] == "firing"
+    })
+    .await;
     let page = get_text(&server, "/alerts").await;
     assert!(
         page.contains(&format!("silenced by #{}", created["id"])),
@@ -914,25 +922,22 @@ edge server "GET /checkout" 0 900 budget=700
     let firing = hook.wait_for("firing").await;
     assert_eq!(firing["alerts"][0]["labels"]["alertname"], "edge-burning");
     // billing fires too, but its page and the API say why it sent nothing.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, body) = get_json(&server, "/api/alerts").await;
-        let billing = body["instances"]
+    let billing = |body: &Value| {
+        body["instances"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|i| i["rule"] == "arrives-spent")
-            .cloned();
-        if let Some(billing) = billing.filter(|b| b["state"] == "firing") {
-            assert_eq!(
-                billing["spent_by"],
-                serde_json::json!(["edge", "GET /checkout"])
-            );
-            break;
-        }
-        assert!(Instant::now() < deadline, "billing never fired: {body}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .find(|i| i["rule"] == "arrives-spent" && i["state"] == "firing")
+            .cloned()
+    };
+    let body = poll_json(&server, "/api/alerts", "billing firing", |b| {
+        billing(b).is_some()
+    })
+    .await;
+    assert_eq!(
+        billing(&body).unwrap()["spent_by"],
+        serde_json::json!(["edge", "GET /checkout"])
+    );
     let page = get_text(&server, "/alerts").await;
     assert!(
         page.contains("inhibited by edge-burning on edge GET /checkout"),

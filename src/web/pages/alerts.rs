@@ -40,36 +40,25 @@ pub struct InstanceRow {
     pub traces_href: String,
 }
 
-/// A firing instance, for the overview and hop pages.
-pub struct FiringAlert {
-    pub rule: String,
-    pub rule_href: String,
-    pub hop: String,
-    pub hop_href: String,
-    pub severity: &'static str,
-    pub value: String,
-    pub since: String,
-}
-
-/// The firing instances, of one hop or of all.
+/// The firing instances, of one hop or of all, for the overview and hop pages.
 pub async fn firing(
     state: &AppState,
     hop: Option<(&str, &str)>,
-) -> Result<Vec<FiringAlert>, PageError> {
+) -> Result<Vec<InstanceRow>, PageError> {
     let instances = state.store.alert_instances().await?;
+    let rules = state.rules.current();
+    let silences = state.store.silences().await?;
+    let quiet = Quiet {
+        rules: &rules,
+        silences: &silences,
+        instances: &instances,
+        now: now_unix_nano(),
+    };
     Ok(instances
         .iter()
         .filter(|i| i.state == State::Firing)
         .filter(|i| hop.is_none_or(|(s, o)| i.service == s && i.operation == o))
-        .map(|i| FiringAlert {
-            rule: i.rule.clone(),
-            rule_href: rule_href(&i.rule),
-            hop: format!("{} {}", i.service, i.operation),
-            hop_href: hop_href(&i.service, &i.operation, ""),
-            severity: i.severity.as_str(),
-            value: fmt_value(i.value),
-            since: fmt_time(i.fired_at.unwrap_or(i.active_since)),
-        })
+        .map(|i| instance_row(i, &quiet))
         .collect())
 }
 

@@ -61,7 +61,7 @@ pub struct HopPage {
     pub callers_scanned: usize,
     pub recent: Vec<RecentTrace>,
     pub traces_href: String,
-    pub firing: Vec<super::alerts::FiringAlert>,
+    pub firing: Vec<super::alerts::InstanceRow>,
     /// The new-rule form, filled in for this hop.
     pub new_rule_href: String,
 }

@@ -89,7 +89,7 @@ pub struct OverviewPage {
     pub legend: Vec<Badge>,
     pub exceeded_href: String,
     /// Firing alert instances (filled by the handler).
-    pub firing: Vec<super::alerts::FiringAlert>,
+    pub firing: Vec<super::alerts::InstanceRow>,
 }
 
 pub async fn overview(
