@@ -73,6 +73,7 @@ pub struct Metrics {
     hop_requests: Family<Hop, Counter>,
     hop_exceeded: Family<HopExceed, Counter>,
     hop_flags: Family<HopFlag, Counter>,
+    hop_ran_out: Family<Hop, Counter>,
     hop_wasted_ms: Family<Hop, Counter<f64, std::sync::atomic::AtomicU64>>,
     hop_budget: HistogramFamily,
     hop_burn: HistogramFamily,
@@ -93,6 +94,7 @@ impl Default for Metrics {
             hop_requests: Family::default(),
             hop_exceeded: Family::default(),
             hop_flags: Family::default(),
+            hop_ran_out: Family::default(),
             hop_wasted_ms: Family::default(),
             hop_budget: Family::new_with_constructor(budget_histogram),
             hop_burn: Family::new_with_constructor(burn_histogram),
@@ -152,6 +154,9 @@ impl Metrics {
                             })
                             .inc_by(up(count));
                     }
+                    "origin" => {
+                        self.hop_ran_out.get_or_create(&hop).inc_by(up(count));
+                    }
                     flag => {
                         self.hop_flags
                             .get_or_create(&HopFlag {
@@ -200,6 +205,11 @@ impl Metrics {
             "hop_flags",
             "Flags counted for a hop (on the hop, or on calls it made), by flag name",
             self.hop_flags.clone(),
+        );
+        registry.register(
+            "hop_budget_ran_out",
+            "Exceeded requests whose budget ran out at the hop (their origin hop)",
+            self.hop_ran_out.clone(),
         );
         registry.register(
             "hop_wasted_milliseconds",
@@ -294,6 +304,7 @@ mod tests {
         let mut delta = Rollup::default();
         let mut counts = [0; COUNTED.len()];
         counts[1] = 1;
+        counts[COUNTED.len() - 1] = 1;
         delta.add(
             &HopSample {
                 service: "inventory".into(),
@@ -316,6 +327,7 @@ mod tests {
         for line in [
             "budgetscope_hop_requests_total{service=\"inventory\",operation=\"GET /items\"} 1",
             "budgetscope_hop_deadline_exceeded_total{service=\"inventory\",operation=\"GET /items\",origin=\"local\"} 1",
+            "budgetscope_hop_budget_ran_out_total{service=\"inventory\",operation=\"GET /items\"} 1",
             "budgetscope_hop_wasted_milliseconds_total{service=\"inventory\",operation=\"GET /items\"} 4.0",
             "budgetscope_hop_budget_received_milliseconds_bucket{le=\"250.0\",service=\"inventory\",operation=\"GET /items\"} 1",
             "budgetscope_ingest_queue_spans 7",

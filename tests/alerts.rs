@@ -907,14 +907,17 @@ rules:
     )
     .unwrap();
     let server = start(&db, &fast_alerts(&rules)).await;
-    // edge runs out of budget in its own work, then calls billing with nothing left.
+    // edge runs out of budget in its own work, then calls orders with nothing left, which
+    // calls billing: billing's caller is orders, but its budget ran out at edge.
     for id in 1..=3u8 {
         let spans = fixture_trace(
             id,
             r#"
 edge server "GET /checkout" 0 900 budget=700
-  edge client "billing" 760 30 budget=-60
-    billing server "Charge" 761 28 budget=-61
+  edge client "orders" 750 140 budget=-50
+    orders server "POST /orders" 752 130 budget=-52
+      orders client "billing" 760 30 budget=-60
+        billing server "Charge" 761 28 budget=-61
 "#,
         );
         post_otlp(&server, &otlp_request(&spans, 500)).await;

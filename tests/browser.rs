@@ -328,6 +328,31 @@ async fn the_ui_in_a_real_browser() {
         "/?range=1h",
         "back returns to the overview"
     );
+    // Where the budget ran out → the exceeded traces that ran out at that hop.
+    client
+        .find(Locator::Css(
+            r#"ol.origins a[href^="/traces?origin_service="]"#,
+        ))
+        .await
+        .expect("the overview lists where exceeded requests ran out")
+        .click()
+        .await
+        .unwrap();
+    wait_for_url(&client, "an origin search", |url| {
+        url.contains("origin_service=") && url.contains("origin_operation=")
+    })
+    .await;
+    wait_for(&client, "table.traces").await;
+    let outcomes = client
+        .find_all(Locator::Css("table.traces .outcome"))
+        .await
+        .unwrap();
+    assert!(!outcomes.is_empty(), "the origin search finds traces");
+    for outcome in outcomes {
+        assert_eq!(outcome.text().await.unwrap(), "exceeded");
+    }
+    client.back().await.unwrap();
+    wait_for(&client, "table.hops").await;
 
     // Search: exceeded traces of inventory, with the form.
     client.goto(&format!("{base}/traces")).await.unwrap();
@@ -374,7 +399,10 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     assert!(
-        verdict.starts_with("Exceeded: inventory GET /stock used 1.2 s of a 800 ms budget"),
+        verdict.starts_with("Exceeded: answered in ")
+            && verdict
+                .contains(" of its 800 ms budget. The budget ran out at inventory GET /stock ")
+            && verdict.contains(", which spent 1.2 s on its own work."),
         "{verdict}"
     );
     // Collapse the root: its descendants hide; expand: they come back.

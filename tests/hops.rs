@@ -69,6 +69,11 @@ edge server "GET /checkout" 0 800 budget=700
             db.backend
         );
         assert_eq!(edge["inherited_exceed"], 0);
+        assert_eq!(
+            edge["origin"], 2,
+            "{}: both exceeded requests ran out at edge",
+            db.backend
+        );
         let p50 = edge["budget_ms"]["p50"].as_f64().unwrap();
         assert!(
             (p50 - 700.0).abs() < 700.0 * 0.045,
@@ -78,6 +83,11 @@ edge server "GET /checkout" 0 800 budget=700
         let charge = hop(&body, "billing", "Charge");
         assert_eq!(charge["requests"], 1);
         assert_eq!(charge["inherited_exceed"], 1, "{}", db.backend);
+        assert_eq!(
+            charge["origin"], 0,
+            "{}: a victim, not an origin",
+            db.backend
+        );
         assert!(charge["budget_ms"]["p50"].as_f64().unwrap() < 0.0);
 
         let (_, filtered) = get_json(&server, "/api/hops?since=-1h&service=billing").await;
@@ -103,9 +113,10 @@ edge server "GET /checkout" 0 800 budget=700
             (
                 sum("requests"),
                 sum("local_exceed"),
-                sum("inherited_exceed")
+                sum("inherited_exceed"),
+                sum("origin")
             ),
-            (3, 2, 0),
+            (3, 2, 0, 2),
             "{}",
             db.backend
         );

@@ -82,6 +82,15 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
         assert_eq!(first["burner"]["service"], "billing");
         assert_eq!(first["flag_counts"]["inflated"], 1);
         assert_eq!(first["span_count"], 3);
+        assert_eq!(first["answer_ms"], 1540.0);
+        assert_eq!(
+            first["origins"],
+            serde_json::json!([{"service": "edge", "name": "POST /orders"}]),
+            "{}: where it ran out",
+            db.backend
+        );
+        assert_eq!(all["traces"][0]["origins"], serde_json::json!([]));
+        assert_eq!(all["traces"][2]["answer_ms"], Value::Null, "no edge hop");
         assert_eq!(first["services"], serde_json::json!(["billing", "edge"]));
         assert_eq!(all["next_cursor"], Value::Null);
 
@@ -91,6 +100,15 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
             ("operation=Charge", vec![hex(2)]),
             ("service=edge&operation=Charge", vec![]),
             ("flag=inflated", vec![hex(2)]),
+            (
+                "origin_service=edge&origin_operation=POST%20%2Forders",
+                vec![hex(2)],
+            ),
+            ("origin_service=billing&origin_operation=Charge", vec![]),
+            (
+                "flag=inflated&origin_service=edge&origin_operation=POST%20%2Forders",
+                vec![hex(2)],
+            ),
             ("outcome=ok", vec![hex(1)]),
             ("outcome=no_budget", vec![hex(3)]),
             ("min_duration_ms=1000", vec![hex(2)]),

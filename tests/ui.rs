@@ -88,6 +88,42 @@ async fn every_page_shows_the_budget_story() {
                 .contains(r#"href="/?range=1h&#38;sort=requests&#38;order=desc""#),
             "{backend}"
         );
+        // Where the budget ran out: the request's origin hop, linked to its exceeded traces.
+        assert!(
+            overview.body.contains("Where the budget ran out"),
+            "{backend}"
+        );
+        assert!(
+            overview.body.contains(
+                r#"href="/traces?origin_service=edge&#38;origin_operation=GET%20%2Fcheckout&#38;since=-1h">1 exceeded request</a> ran out here"#
+            ),
+            "{backend}: origins panel\n{}", &overview.body[overview.body.find("origins-h").unwrap()..][..1200]
+        );
+        let ran_out = get(
+            &state,
+            "/traces?origin_service=edge&origin_operation=GET%20%2Fcheckout",
+        )
+        .await;
+        assert!(
+            ran_out.body.contains(&format!(r#"href="/traces/{id}""#))
+                && ran_out.body.contains("ran out at edge GET /checkout"),
+            "{backend}: search by origin hop"
+        );
+        let elsewhere = get(
+            &state,
+            "/traces?origin_service=inventory&origin_operation=GET%20%2Fstock",
+        )
+        .await;
+        assert!(
+            elsewhere.body.contains("No analysed trace matches"),
+            "{backend}: inventory is not where the budget ran out"
+        );
+        let half = get(&state, "/traces?origin_service=edge").await;
+        assert_eq!(half.status, StatusCode::BAD_REQUEST);
+        assert!(
+            half.body.contains("needs origin_operation too"),
+            "{backend}"
+        );
         let sorted = get(&state, "/?range=1h&sort=service&order=asc").await;
         let (edge_at, inventory_at) = (
             sorted.body.find("<td>edge</td>").unwrap(),
@@ -130,11 +166,18 @@ async fn every_page_shows_the_budget_story() {
         assert_eq!(trace.status, StatusCode::OK, "{backend}");
         assert!(
             trace.body.contains(
-                "Exceeded: inventory GET /stock used 1.49 s of a 800 ms budget (the request took 1.54 s)."
+                "Exceeded: answered in 1.54 s of its 800 ms budget. The budget ran out at edge GET /checkout \
+                 (deadline passed while waiting on inventory, which was sent more time than was left). \
+                 Most of the time went to inventory GET /stock (1.49 s of its own work)."
             ),
             "{backend}: verdict"
         );
         assert!(trace.body.contains("forwarded 5000 ms with 780 ms left"));
+        assert_eq!(
+            trace.body.matches(r#"<a class="badge origin""#).count(),
+            1,
+            "{backend}: the origin row is marked, once"
+        );
         assert!(
             trace.body.contains("style=\"--dl: "),
             "request deadline line"
@@ -173,6 +216,26 @@ async fn every_page_shows_the_budget_story() {
         assert!(
             hop.body.contains(&format!(r#"href="/traces/{id}""#)),
             "recent flagged"
+        );
+        // Inventory holds none of the trace's flags: they are shown as elsewhere.
+        assert!(
+            hop.body
+                .contains(r#"<td class="here"><span class="muted">none</span></td>"#),
+            "{backend}: this hop's flags"
+        );
+        let elsewhere_at = hop.body.find(r#"<td class="elsewhere">"#).unwrap();
+        assert!(hop.body[elsewhere_at..].contains("f-inflated"), "{backend}");
+        let edge = get(&state, "/hops/edge/GET%20%2Fcheckout?range=1h").await;
+        let here_at = edge.body.find(r#"<td class="here">"#).unwrap();
+        assert!(
+            edge.body[here_at..].starts_with(r#"<td class="here"><strong>ran out here</strong> "#)
+                && edge.body[here_at..edge.body.find(r#"<td class="elsewhere">"#).unwrap()]
+                    .contains("f-inflated"),
+            "{backend}: the edge's own flags, and that the request ran out there"
+        );
+        assert!(
+            edge.body.contains("<dt>Ran out here</dt><dd>1</dd>"),
+            "{backend}"
         );
 
         let download = get(&state, &format!("/api/traces/{id}/otlp")).await;

@@ -182,15 +182,16 @@ pub async fn evaluate_once(
                 .get(&rule.window)
                 .and_then(|w| w.get(&instance.key()))
                 .is_some_and(|r| r.count("inherited_exceed") > 0);
-            // Who sent it spent requests: looked up once, when an episode starts, for the
-            // exceed signals where inheriting is the story.
-            let callers = if fired && inherited && rule.signal.family() == "deadline_exceeded" {
-                spent_callers(store, rule, instance, options, now).await
-            } else {
-                Vec::new()
-            };
-            if let Some(top) = callers.iter().find(|c| !c.service.is_empty()) {
-                instance.spent_by = Some((top.service.clone(), top.operation.clone()));
+            // Who sent it spent requests and where their budget ran out: looked up once,
+            // when an episode starts, for the exceed signals where inheriting is the story.
+            let (callers, origin) =
+                if fired && inherited && rule.signal.family() == "deadline_exceeded" {
+                    spent_callers(store, rule, instance, options, now).await
+                } else {
+                    (Vec::new(), None)
+                };
+            if let Some(origin) = origin {
+                instance.spent_by = Some(origin);
             }
             let inhibited = eval::inhibitor(instance, &firing, family).is_some();
             if let Some(change) =
@@ -363,14 +364,15 @@ async fn context(
 const SPENT_TRACES: u32 = 50;
 
 /// The top 3 hops that sent `instance`'s hop already-spent requests in the rule's window,
-/// from up to `SPENT_TRACES` recent such traces; empty when the lookup fails.
+/// and the origin hop where most of those requests ran out, from up to `SPENT_TRACES`
+/// recent such traces; empty when the lookup fails.
 async fn spent_callers(
     store: &dyn Store,
     rule: &Rule,
     instance: &Instance,
     options: &AlerterOptions,
     now: u64,
-) -> Vec<SpentCaller> {
+) -> (Vec<SpentCaller>, Option<HopKey>) {
     let (since, until) = window_range(now, options.delay, rule.window);
     let query = TraceQuery {
         service: Some(instance.service.clone()),
@@ -398,17 +400,19 @@ async fn spent_callers(
         Ok(spans) => spans,
         Err(error) => {
             tracing::warn!(%error, rule = %rule.name, "could not look up who sent spent requests");
-            return Vec::new();
+            return (Vec::new(), None);
         }
     };
     let (service, operation) = (instance.service.clone(), instance.operation.clone());
     let analyze = options.analyze.clone();
-    let callers = tokio::task::spawn_blocking(move || {
-        crate::analyze::hops::spent_callers(spans, &service, &operation, &analyze)
+    let spent = tokio::task::spawn_blocking(move || {
+        crate::analyze::hops::spent_at(spans, &service, &operation, &analyze)
     })
     .await
     .unwrap_or_default();
-    let mut ranked: Vec<SpentCaller> = callers
+    let origin = spent.top_origin();
+    let mut ranked: Vec<SpentCaller> = spent
+        .callers
         .into_iter()
         .map(|((service, operation), (requests, _))| SpentCaller {
             service,
@@ -418,7 +422,7 @@ async fn spent_callers(
         .collect();
     ranked.sort_by_key(|c| std::cmp::Reverse(c.requests));
     ranked.truncate(3);
-    ranked
+    (ranked, origin)
 }
 
 /// The most hops one backtest looks at, so that it answers within a page load.

@@ -93,8 +93,8 @@ pub struct Instance {
     pub notified: bool,
     /// When this episode was last notified as firing (for `repeat_interval`).
     pub notified_at: Option<u64>,
-    /// The hop that sent this one most of its already-spent requests, found when the
-    /// episode first fired (the runner's, from recent traces; kept here).
+    /// The origin hop where most of this hop's already-spent requests ran out, found when
+    /// the episode first fired (the runner's, from recent traces; kept here).
     pub spent_by: Option<HopKey>,
 }
 
@@ -397,8 +397,8 @@ fn step(
     }
 }
 
-/// The firing instance that inhibits `instance`: one on the hop that sent it its
-/// already-spent requests (`spent_by`), of a rule whose signal is of the same family.
+/// The firing instance that inhibits `instance`: one on the hop where its already-spent
+/// requests ran out (`spent_by`), of a rule whose signal is of the same family.
 /// `family` gives a rule's family by name (`None` for a rule that no longer exists).
 pub fn inhibitor<'a>(
     instance: &Instance,

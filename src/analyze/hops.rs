@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{Analysis, AnalyzeOptions, Exceed, Flag, Role, analyze};
 use crate::model::{Span, TraceId};
@@ -146,8 +146,9 @@ pub struct HopSample {
     pub wasted_ms: f64,
 }
 
-/// What a rollup counts, in column order.
-pub const COUNTED: [&str; 8] = [
+/// What a rollup counts, in column order: flags, and `origin`, the exceeded requests whose
+/// budget ran out at the hop.
+pub const COUNTED: [&str; 9] = [
     "inherited_exceed",
     "local_exceed",
     "overspent",
@@ -156,6 +157,7 @@ pub const COUNTED: [&str; 8] = [
     "doomed",
     "refused",
     "retry",
+    "origin",
 ];
 
 fn counted_index(flag: Flag) -> Option<usize> {
@@ -163,7 +165,7 @@ fn counted_index(flag: Flag) -> Option<usize> {
 }
 
 /// The hop samples of an analysed trace. Flags of a call (inflated, doomed, retry) count
-/// for the hop that made it.
+/// for the hop that made it; an origin counts for its own hop.
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
     for row in analysis.rows.iter().filter(|row| row.role == Role::Hop) {
@@ -201,6 +203,12 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
                 Some(Exceed::Local) => sample.counts[1] += 1,
                 None => {}
             }
+        }
+    }
+    let origin = COUNTED.len() - 1;
+    for &r in &analysis.origins {
+        if let Some(sample) = by_span.get_mut(&analysis.rows[r].span) {
+            sample.counts[origin] += 1;
         }
     }
     by_span.into_values().collect()
@@ -264,53 +272,135 @@ impl Rollup {
     }
 }
 
-/// Who sent this hop requests that arrived already spent: (caller service, caller
-/// operation) → (how many, an example trace id). Callers outside any instrumented hop are
-/// keyed by empty strings.
-pub fn spent_callers(
-    spans: Vec<Span>,
-    service: &str,
-    operation: &str,
-    options: &AnalyzeOptions,
-) -> BTreeMap<(String, String), (usize, String)> {
+/// Spans grouped by trace, each trace's spans in their original order.
+pub fn by_trace(spans: Vec<Span>) -> HashMap<TraceId, Vec<Span>> {
     let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
     for span in spans {
         by_trace.entry(span.trace_id).or_default().push(span);
     }
-    let mut out: BTreeMap<(String, String), (usize, String)> = BTreeMap::new();
-    for (id, spans) in by_trace {
+    by_trace
+}
+
+/// Requests that arrived at a hop already spent: who sent them, and where their budget ran
+/// out.
+#[derive(Debug, Default, PartialEq)]
+pub struct Spent {
+    /// (caller service, caller operation) → (how many, an example trace id). Callers
+    /// outside any instrumented hop are keyed by empty strings.
+    pub callers: BTreeMap<(String, String), (usize, String)>,
+    /// (service, operation) of the origin hop upstream of each arrival → how many.
+    pub origins: BTreeMap<(String, String), usize>,
+}
+
+impl Spent {
+    /// The origin hop most of the spent requests ran out at.
+    pub fn top_origin(&self) -> Option<(String, String)> {
+        self.origins
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(hop, _)| hop.clone())
+    }
+}
+
+/// `Spent` for one hop identity over the spans of several traces.
+pub fn spent_at(
+    spans: Vec<Span>,
+    service: &str,
+    operation: &str,
+    options: &AnalyzeOptions,
+) -> Spent {
+    let mut out = Spent::default();
+    for (id, spans) in by_trace(spans) {
         let analysis = analyze(&spans, options);
-        let row_of: HashMap<usize, usize> = analysis
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| (row.span, r))
-            .collect();
-        let index: HashMap<_, usize> = spans
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.span_id, i))
-            .collect();
-        for row in &analysis.rows {
-            let span = &spans[row.span];
-            if row.role != Role::Hop
-                || row.exceed != Some(Exceed::Inherited)
-                || span.service != service
-                || span.name != operation
-            {
-                continue;
+        add_spent(&spans, &analysis, service, operation, id, &mut out);
+    }
+    out
+}
+
+/// Adds one analysed trace's already-spent arrivals at the hop identity to `out`.
+pub fn add_spent(
+    spans: &[Span],
+    analysis: &Analysis,
+    service: &str,
+    operation: &str,
+    id: TraceId,
+    out: &mut Spent,
+) {
+    let row_of: HashMap<usize, usize> = analysis
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| (row.span, r))
+        .collect();
+    let index: HashMap<_, usize> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.span_id, i))
+        .collect();
+    let origins: HashSet<usize> = analysis
+        .origins
+        .iter()
+        .map(|&r| analysis.rows[r].span)
+        .collect();
+    let parent = |i: usize| spans[i].parent_span_id.and_then(|p| index.get(&p).copied());
+    for row in &analysis.rows {
+        let span = &spans[row.span];
+        if row.role != Role::Hop
+            || row.exceed != Some(Exceed::Inherited)
+            || span.service != service
+            || span.name != operation
+        {
+            continue;
+        }
+        // The caller: the owner hop of the call span that reached this hop.
+        let owner = parent(row.span)
+            .and_then(|c| row_of.get(&c))
+            .and_then(|&r| analysis.rows[r].owner)
+            .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
+            .unwrap_or_default();
+        let entry = out.callers.entry(owner).or_insert((0, id.to_hex()));
+        entry.0 += 1;
+        // The origin: the nearest ancestor where the request ran out. The walk is bounded
+        // by the span count, so a parent cycle cannot loop.
+        let mut at = parent(row.span);
+        for _ in 0..spans.len() {
+            let Some(i) = at else { break };
+            if origins.contains(&i) {
+                let hop = (spans[i].service.clone(), spans[i].name.clone());
+                *out.origins.entry(hop).or_default() += 1;
+                break;
             }
-            // The caller: the owner hop of the call span that reached this hop.
-            let call = span.parent_span_id.and_then(|p| index.get(&p).copied());
-            let owner = call
-                .and_then(|c| row_of.get(&c))
-                .and_then(|&r| analysis.rows[r].owner)
-                .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
-                .unwrap_or_default();
-            let entry = out.entry(owner).or_insert((0, id.to_hex()));
-            entry.0 += 1;
+            at = parent(i);
         }
     }
+}
+
+/// One hop identity's part of a trace's flags: those on its hops and on the calls they
+/// made, the rest of the trace's, and whether the request ran out at it.
+#[derive(Debug, Default, PartialEq)]
+pub struct FlagsAt {
+    pub here: BTreeMap<Flag, usize>,
+    pub elsewhere: BTreeMap<Flag, usize>,
+    pub origin: bool,
+}
+
+pub fn flags_at(spans: &[Span], analysis: &Analysis, service: &str, operation: &str) -> FlagsAt {
+    let is_here = |span: usize| spans[span].service == service && spans[span].name == operation;
+    let mut out = FlagsAt::default();
+    for row in &analysis.rows {
+        let counts = if row.owner.is_some_and(is_here) {
+            &mut out.here
+        } else {
+            &mut out.elsewhere
+        };
+        for note in &row.flags {
+            *counts.entry(note.flag).or_default() += 1;
+        }
+    }
+    out.origin = analysis
+        .origins
+        .iter()
+        .any(|&r| is_here(analysis.rows[r].span));
     out
 }
 
@@ -348,15 +438,16 @@ mod tests {
         assert_eq!(Histogram::default().quantile(0.5), None);
     }
 
-    #[test]
-    fn removing_a_sample_undoes_adding_it() {
-        let spans = parse(
-            r#"
+    /// edge runs out in its own work, then calls billing with nothing left.
+    const DOOMED_BILLING: &str = r#"
 edge server "GET /" 0 1200 budget=1000
   edge client "billing" 1100 60 budget=-100
     billing server "Charge" 1101 40 budget=-100
-"#,
-        );
+"#;
+
+    #[test]
+    fn removing_a_sample_undoes_adding_it() {
+        let spans = parse(DOOMED_BILLING);
         let samples = samples(&spans, &analyze(&spans, &AnalyzeOptions::default()));
         assert_eq!(samples.len(), 2);
         let edge = &samples[0];
@@ -364,8 +455,8 @@ edge server "GET /" 0 1200 budget=1000
             (edge.service.as_str(), edge.operation.as_str()),
             ("edge", "GET /")
         );
-        // overspent on the hop, doomed on its call, and the local exceed.
-        assert_eq!(edge.counts, [0, 1, 1, 0, 0, 1, 0, 0]);
+        // overspent on the hop, doomed on its call, the local exceed, and the origin.
+        assert_eq!(edge.counts, [0, 1, 1, 0, 0, 1, 0, 0, 1]);
         assert_eq!(samples[1].counts[0], 1, "billing arrived already spent");
 
         let mut rollup = Rollup::default();
@@ -380,5 +471,66 @@ edge server "GET /" 0 1200 budget=1000
         rollup.unmerge(&other);
         assert_eq!(rollup, snapshot, "unmerge undoes merge");
         assert_eq!(rollup.count("local_exceed"), 1);
+    }
+
+    #[test]
+    fn a_hops_flags_are_told_apart_from_the_rest_of_the_trace() {
+        let spans = parse(DOOMED_BILLING);
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let edge = flags_at(&spans, &analysis, "edge", "GET /");
+        assert!(edge.origin, "the request ran out at edge");
+        assert_eq!(
+            edge.here.keys().map(|f| f.as_str()).collect::<Vec<_>>(),
+            ["overspent", "local_exceed", "doomed"],
+            "the hop's own flags and its call's"
+        );
+        assert_eq!(
+            edge.elsewhere
+                .keys()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>(),
+            ["inherited_exceed"]
+        );
+        let billing = flags_at(&spans, &analysis, "billing", "Charge");
+        assert!(!billing.origin);
+        assert_eq!(billing.here.len(), 1);
+        assert_eq!(billing.here.get(&Flag::InheritedExceed), Some(&1));
+        let total: usize = billing
+            .here
+            .values()
+            .chain(billing.elsewhere.values())
+            .sum();
+        assert_eq!(total, analysis.flag_counts.values().sum::<usize>());
+    }
+
+    #[test]
+    fn spent_arrivals_name_their_caller_and_the_origin_upstream() {
+        let spans = parse(
+            r#"
+edge server "GET /" 0 1000 budget=700
+  edge client "orders" 10 980 budget=690
+    orders server "POST /orders" 12 970 budget=688
+      orders client "billing" 900 60 budget=-200
+        billing server "Charge" 901 50 budget=-201
+          billing client "ledger" 910 30 budget=-210
+            ledger server "Append" 911 28 budget=-211
+"#,
+        );
+        let orders = ("orders".to_string(), "POST /orders".to_string());
+        let spent = spent_at(
+            spans.clone(),
+            "billing",
+            "Charge",
+            &AnalyzeOptions::default(),
+        );
+        assert_eq!(spent.callers.keys().collect::<Vec<_>>(), [&orders]);
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
+        // Two hops down, the caller is billing; the budget still ran out at orders.
+        let spent = spent_at(spans, "ledger", "Append", &AnalyzeOptions::default());
+        assert_eq!(
+            spent.callers.keys().collect::<Vec<_>>(),
+            [&("billing".to_string(), "Charge".to_string())]
+        );
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
     }
 }

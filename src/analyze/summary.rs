@@ -14,8 +14,12 @@ pub struct TraceSummary {
     pub root_name: String,
     pub start_unix_nano: u64,
     pub duration_ms: f64,
+    /// How long the edge hop took to answer; less than `duration_ms` when work went on after.
+    pub answer_ms: Option<f64>,
     pub budget_ms: Option<f64>,
     pub outcome: Outcome,
+    /// (service, name) of each origin hop of an exceeded request, in waterfall order.
+    pub origins: Vec<(String, String)>,
     /// (service, name, self_ms) of the burner.
     pub burner: Option<(String, String, f64)>,
     pub flag_counts: BTreeMap<Flag, usize>,
@@ -53,8 +57,17 @@ pub fn summarize(spans: &[Span], analysis: &Analysis) -> Option<TraceSummary> {
         root_name: root.name.clone(),
         start_unix_nano,
         duration_ms: analysis.duration_ms,
+        answer_ms: analysis.edge.map(|e| analysis.rows[e].duration_ms),
         budget_ms: analysis.budget_ms,
         outcome: analysis.outcome,
+        origins: analysis
+            .origins
+            .iter()
+            .map(|&r| {
+                let span = &spans[analysis.rows[r].span];
+                (span.service.clone(), span.name.clone())
+            })
+            .collect(),
         burner: analysis.burner.map(|r| {
             let row = &analysis.rows[r];
             let span = &spans[row.span];
@@ -92,7 +105,12 @@ edge server "GET /checkout" 0 1540 budget=800
             ("edge", "GET /checkout")
         );
         assert_eq!(summary.budget_ms, Some(800.0));
+        assert_eq!(summary.answer_ms, Some(1540.0));
         assert_eq!(summary.outcome, Outcome::Exceeded);
+        assert_eq!(
+            summary.origins,
+            [("edge".to_string(), "GET /checkout".to_string())]
+        );
         assert_eq!(
             summary.burner,
             Some(("inventory".into(), "GET /stock".into(), 1490.0))

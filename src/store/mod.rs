@@ -323,7 +323,8 @@ pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      burner_service = excluded.burner_service, burner_name = excluded.burner_name, \
      burner_self_ms = excluded.burner_self_ms, flag_counts = excluded.flag_counts, \
      span_count = excluded.span_count, services = excluded.services, \
-     operations = excluded.operations, flags = excluded.flags";
+     operations = excluded.operations, answer_ms = excluded.answer_ms, \
+     origins = excluded.origins, flags = excluded.flags";
 
 /// The wall clock, in unix nanoseconds, for commit marks.
 pub(crate) fn now_unix_nano() -> i64 {

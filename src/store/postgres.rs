@@ -432,6 +432,8 @@ impl Store for PostgresStore {
                     .push_bind(row.span_count)
                     .push_bind(row.services.clone())
                     .push_bind(row.operations.clone())
+                    .push_bind(row.answer_ms)
+                    .push_bind(row.origins.clone())
                     .push_bind(row.flags.clone());
             });
             upsert.push(SUMMARY_UPSERT);

@@ -79,6 +79,8 @@ pub struct TraceQuery {
     pub operation: Option<String>,
     pub flag: Option<Flag>,
     pub outcome: Option<Outcome>,
+    /// Exceeded traces whose budget ran out at this hop: (service, operation).
+    pub origin: Option<(String, String)>,
     pub min_duration_ms: Option<f64>,
     pub max_duration_ms: Option<f64>,
     pub min_budget_ms: Option<f64>,
@@ -109,6 +111,8 @@ pub(crate) struct SummaryRow {
     pub span_count: i64,
     pub services: String,
     pub operations: String,
+    pub answer_ms: Option<f64>,
+    pub origins: String,
 }
 
 /// The substring a `services` column contains when the trace has `service`.
@@ -144,12 +148,7 @@ pub(crate) fn encode_summary(summary: &TraceSummary) -> SummaryRow {
         .services
         .iter()
         .fold(String::from("\n"), |acc, s| acc + s + "\n");
-    let operations = summary
-        .operations
-        .iter()
-        .fold(String::from("\n"), |acc, (service, name)| {
-            acc + service + "\t" + name + "\n"
-        });
+    let operations = encode_operations(&summary.operations);
     SummaryRow {
         trace_id: summary.trace_id.0.to_vec(),
         root_service: summary.root_service.clone(),
@@ -166,12 +165,31 @@ pub(crate) fn encode_summary(summary: &TraceSummary) -> SummaryRow {
         span_count: summary.span_count as i64,
         services,
         operations,
+        answer_ms: summary.answer_ms,
+        origins: encode_operations(&summary.origins),
     }
+}
+
+/// (service, name) pairs as "\nSERVICE\tNAME\n…", so `operation_needle` finds one.
+fn encode_operations(operations: &[(String, String)]) -> String {
+    operations
+        .iter()
+        .fold(String::from("\n"), |acc, (service, name)| {
+            acc + service + "\t" + name + "\n"
+        })
+}
+
+fn decode_operations(text: &str) -> Vec<(String, String)> {
+    text.split('\n')
+        .filter_map(|line| line.split_once('\t'))
+        .map(|(s, n)| (s.to_string(), n.to_string()))
+        .collect()
 }
 
 /// The column list both backends select, in `StoredSummary` order.
 pub(crate) const SUMMARY_COLUMNS: &str = "trace_id, root_service, root_name, start_unix_nano, duration_ms, \
-     budget_ms, outcome, burner_service, burner_name, burner_self_ms, flag_counts, span_count, services, operations";
+     budget_ms, outcome, burner_service, burner_name, burner_self_ms, flag_counts, span_count, services, operations, \
+     answer_ms, origins";
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct StoredSummary {
@@ -189,6 +207,8 @@ pub(crate) struct StoredSummary {
     pub span_count: i64,
     pub services: String,
     pub operations: String,
+    pub answer_ms: Option<f64>,
+    pub origins: String,
 }
 
 impl StoredSummary {
@@ -220,12 +240,9 @@ impl StoredSummary {
                 .filter(|s| !s.is_empty())
                 .map(str::to_string)
                 .collect(),
-            operations: self
-                .operations
-                .split('\n')
-                .filter_map(|line| line.split_once('\t'))
-                .map(|(s, n)| (s.to_string(), n.to_string()))
-                .collect(),
+            operations: decode_operations(&self.operations),
+            answer_ms: self.answer_ms,
+            origins: decode_operations(&self.origins),
         })
     }
 }
@@ -252,15 +269,24 @@ pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
             .keys()
             .map(|f| format!("flag:{}", f.as_str())),
     );
+    terms.extend(
+        summary
+            .origins
+            .iter()
+            .map(|(s, n)| format!("origin:{s}\t{n}")),
+    );
     terms.push(format!("outcome:{}", summary.outcome.as_str()));
     terms.sort();
     terms.dedup();
     terms
 }
 
-/// The most selective term of a query, to drive the search from: a flag, then an
-/// operation, then a service, then an outcome.
+/// The most selective term of a query, to drive the search from: an origin hop, a flag,
+/// then an operation, then a service, then an outcome.
 pub(crate) fn driving_term(query: &TraceQuery) -> Option<String> {
+    if let Some((service, operation)) = &query.origin {
+        return Some(format!("origin:{service}\t{operation}"));
+    }
     if let Some(flag) = query.flag {
         return Some(format!("flag:{}", flag.as_str()));
     }
@@ -313,6 +339,13 @@ where
                 .map(|operation| operation_needle(query.service.as_deref(), operation)),
         ),
         ("flags", query.flag.map(flag_needle)),
+        (
+            "origins",
+            query
+                .origin
+                .as_ref()
+                .map(|(service, operation)| operation_needle(Some(service), operation)),
+        ),
     ];
     for (column, needle) in needles {
         if let Some(needle) = needle {

@@ -21,14 +21,14 @@ pub(crate) const TRACE_HOP_COLUMNS: &str =
     "service, operation, start_unix_nano, budget_ms, burn, self_ms, counts, wasted_ms";
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
-     local_exceed, overspent, inflated, dropped, doomed, refused, retry, wasted_ms, budget_hist, burn_hist, self_hist";
+     local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist";
 
 /// The conflict clause of both backends' rollup upserts.
 pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute_unix_nano) DO UPDATE SET \
      requests = excluded.requests, inherited_exceed = excluded.inherited_exceed, \
      local_exceed = excluded.local_exceed, overspent = excluded.overspent, inflated = excluded.inflated, \
      dropped = excluded.dropped, doomed = excluded.doomed, refused = excluded.refused, \
-     retry = excluded.retry, wasted_ms = excluded.wasted_ms, budget_hist = excluded.budget_hist, \
+     retry = excluded.retry, origin = excluded.origin, wasted_ms = excluded.wasted_ms, budget_hist = excluded.budget_hist, \
      burn_hist = excluded.burn_hist, self_hist = excluded.self_hist";
 
 pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
@@ -84,6 +84,7 @@ pub(crate) struct StoredRollup {
     pub doomed: i64,
     pub refused: i64,
     pub retry: i64,
+    pub origin: i64,
     pub wasted_ms: f64,
     pub budget_hist: String,
     pub burn_hist: String,
@@ -107,6 +108,7 @@ impl StoredRollup {
                     self.doomed,
                     self.refused,
                     self.retry,
+                    self.origin,
                 ],
                 wasted_ms: self.wasted_ms,
                 budget: Histogram::decode(&self.budget_hist),

@@ -879,6 +879,8 @@ impl Store for SqliteStore {
                     .push_bind(row.span_count)
                     .push_bind(row.services.as_str())
                     .push_bind(row.operations.as_str())
+                    .push_bind(row.answer_ms)
+                    .push_bind(row.origins.as_str())
                     .push_bind(row.flags.as_str());
             });
             upsert.push(SUMMARY_UPSERT);

@@ -58,8 +58,10 @@ pub fn summary_json(summary: &TraceSummary) -> Value {
         "root_name": summary.root_name,
         "start_unix_nano": summary.start_unix_nano,
         "duration_ms": summary.duration_ms,
+        "answer_ms": summary.answer_ms,
         "budget_ms": summary.budget_ms,
         "outcome": summary.outcome.as_str(),
+        "origins": summary.origins.iter().map(|(service, name)| json!({"service": service, "name": name})).collect::<Vec<_>>(),
         "burner": summary.burner.as_ref().map(|(service, name, own)| json!({"service": service, "name": name, "self_ms": own})),
         "flag_counts": flag_counts,
         "span_count": summary.span_count,
@@ -80,6 +82,7 @@ pub fn parse_query(params: &[(String, String)], now: u64) -> Result<TraceQuery, 
         limit: DEFAULT_LIMIT,
         ..TraceQuery::default()
     };
+    let (mut origin_service, mut origin_operation) = (None, None);
     for (key, value) in params {
         let value = value.trim();
         if value.is_empty() {
@@ -101,6 +104,8 @@ pub fn parse_query(params: &[(String, String)], now: u64) -> Result<TraceQuery, 
         match key.as_str() {
             "service" => query.service = Some(value.to_string()),
             "operation" => query.operation = Some(value.to_string()),
+            "origin_service" => origin_service = Some(value.to_string()),
+            "origin_operation" => origin_operation = Some(value.to_string()),
             "flag" => {
                 query.flag = Some(Flag::from_name(value).ok_or_else(|| {
                     let names: Vec<&str> = Flag::ALL.iter().map(|f| f.as_str()).collect();
@@ -154,12 +159,29 @@ pub fn parse_query(params: &[(String, String)], now: u64) -> Result<TraceQuery, 
             other => {
                 return Err(bad(
                     other,
-                    "unknown; use service, operation, flag, outcome, min_duration_ms, max_duration_ms, \
-                     min_budget_ms, max_budget_ms, since, until, attr, limit or cursor",
+                    "unknown; use service, operation, origin_service, origin_operation, flag, outcome, \
+                     min_duration_ms, max_duration_ms, min_budget_ms, max_budget_ms, since, until, attr, \
+                     limit or cursor",
                 ));
             }
         }
     }
+    query.origin = match (origin_service, origin_operation) {
+        (Some(service), Some(operation)) => Some((service, operation)),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(bad(
+                "origin_service",
+                "needs origin_operation too: the hop where the budget ran out is a service and an operation",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(bad(
+                "origin_operation",
+                "needs origin_service too: the hop where the budget ran out is a service and an operation",
+            ));
+        }
+    };
     Ok(query)
 }
 

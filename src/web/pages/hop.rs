@@ -1,8 +1,9 @@
 //! `/hops/{service}/{operation}`: one hop identity over a time range. Received-budget and
 //! burn distributions, deadline-exceeded over time (inherited vs local), which callers send
-//! it requests whose budget is already spent, and its recent flagged traces.
+//! it requests whose budget is already spent, and its recent flagged traces (with this
+//! hop's flags told apart from the rest of the trace's).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -13,7 +14,8 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
-use crate::analyze::hops::{Histogram, Rollup, spent_callers};
+use crate::analyze::hops::{FlagsAt, Histogram, Rollup, Spent, add_spent, by_trace, flags_at};
+use crate::analyze::{Flag, analyze};
 use crate::model::TraceId;
 use crate::store::query::TraceQuery;
 use crate::web::AppState;
@@ -32,14 +34,27 @@ pub struct Caller {
     pub example: String,
 }
 
+pub struct SpentOrigin {
+    pub service: String,
+    pub operation: String,
+    pub href: String,
+    pub count: usize,
+}
+
 pub struct RecentTrace {
     pub href: String,
     pub start: String,
     pub root: String,
     pub outcome: &'static str,
-    pub duration: String,
+    /// How long the edge hop took to answer (the trace's duration when there is none).
+    pub answered: String,
     pub budget: String,
-    pub badges: Vec<Badge>,
+    /// Flags on this hop and the calls it made.
+    pub here: Vec<Badge>,
+    /// The rest of the trace's flags.
+    pub elsewhere: Vec<Badge>,
+    /// The request ran out at this hop.
+    pub origin: bool,
 }
 
 #[derive(Template)]
@@ -58,6 +73,8 @@ pub struct HopPage {
     pub exceeded_chart: String,
     pub burn_chart: String,
     pub callers: Vec<Caller>,
+    /// Where the budget of the already-spent requests ran out, most first.
+    pub spent_origins: Vec<SpentOrigin>,
     pub callers_scanned: usize,
     pub recent: Vec<RecentTrace>,
     pub traces_href: String,
@@ -97,7 +114,14 @@ pub async fn hop(
             ..base_query
         })
         .await?;
-    let ids: Vec<TraceId> = spent.iter().map(|t| t.trace_id).collect();
+    let recent: Vec<_> = recent
+        .into_iter()
+        .filter(|t| !t.flag_counts.is_empty() || t.outcome.as_str() == "exceeded")
+        .take(RECENT)
+        .collect();
+    let spent_ids: HashSet<TraceId> = spent.iter().map(|t| t.trace_id).collect();
+    let recent_ids: HashSet<TraceId> = recent.iter().map(|t| t.trace_id).collect();
+    let ids: Vec<TraceId> = spent_ids.union(&recent_ids).copied().collect();
     let spans = if ids.is_empty() {
         Vec::new()
     } else {
@@ -105,9 +129,29 @@ pub async fn hop(
     };
     let options = state.analyze.clone();
     let (svc, op) = (service.clone(), operation.clone());
-    let callers = tokio::task::spawn_blocking(move || spent_callers(spans, &svc, &op, &options))
-        .await
-        .unwrap_or_default();
+    // Each trace is analysed once, for the callers and for this hop's flags.
+    let (spent_here, mut flags) = tokio::task::spawn_blocking(move || {
+        let mut spent = Spent::default();
+        let mut flags: HashMap<TraceId, FlagsAt> = HashMap::new();
+        for (id, spans) in by_trace(spans) {
+            let analysis = analyze(&spans, &options);
+            if spent_ids.contains(&id) {
+                add_spent(&spans, &analysis, &svc, &op, id, &mut spent);
+            }
+            if recent_ids.contains(&id) {
+                flags.insert(id, flags_at(&spans, &analysis, &svc, &op));
+            }
+        }
+        (spent, flags)
+    })
+    .await
+    .unwrap_or_default();
+    let badges = |counts: &BTreeMap<Flag, usize>| -> Vec<Badge> {
+        counts
+            .iter()
+            .map(|(f, n)| Badge::new(f.as_str(), Some(*n), flag_meaning(f.as_str()).into()))
+            .collect()
+    };
 
     let mut merged = Rollup::default();
     for row in &rows {
@@ -117,6 +161,7 @@ pub async fn hop(
     let range_query = range.query();
     let facts = vec![
         ("Requests", merged.requests.to_string()),
+        ("Ran out here", merged.count("origin").to_string()),
         ("Local exceed", merged.count("local_exceed").to_string()),
         (
             "Inherited exceed",
@@ -150,7 +195,8 @@ pub async fn hop(
             &bins(&merged.burn, |v| fmt_percent(Some(v))),
             charts::NEUTRAL,
         ),
-        callers: callers
+        callers: spent_here
+            .callers
             .into_iter()
             .map(|((service, operation), (count, example))| Caller {
                 href: (!service.is_empty()).then(|| hop_href(&service, &operation, &range_query)),
@@ -160,23 +206,41 @@ pub async fn hop(
                 example: trace_href(&example),
             })
             .collect(),
+        spent_origins: {
+            let mut origins: Vec<SpentOrigin> = spent_here
+                .origins
+                .into_iter()
+                .map(|((service, operation), count)| SpentOrigin {
+                    href: hop_href(&service, &operation, &range_query),
+                    service,
+                    operation,
+                    count,
+                })
+                .collect();
+            origins.sort_by_key(|o| std::cmp::Reverse(o.count));
+            origins
+        },
         callers_scanned: spent.len(),
         recent: recent
             .iter()
-            .filter(|t| !t.flag_counts.is_empty() || t.outcome.as_str() == "exceeded")
-            .take(RECENT)
-            .map(|t| RecentTrace {
-                href: trace_href(&t.trace_id.to_hex()),
-                start: fmt_time(t.start_unix_nano),
-                root: format!("{} {}", t.root_service, t.root_name),
-                outcome: t.outcome.as_str(),
-                duration: fmt_duration(t.duration_ms),
-                budget: fmt_opt_duration(t.budget_ms),
-                badges: t
-                    .flag_counts
-                    .iter()
-                    .map(|(f, n)| Badge::new(f.as_str(), Some(*n), flag_meaning(f.as_str()).into()))
-                    .collect(),
+            .map(|t| {
+                // A trace whose spans went (retention) between search and load shows its
+                // summary's flags as elsewhere.
+                let at = flags.remove(&t.trace_id).unwrap_or_else(|| FlagsAt {
+                    elsewhere: t.flag_counts.clone(),
+                    ..FlagsAt::default()
+                });
+                RecentTrace {
+                    href: trace_href(&t.trace_id.to_hex()),
+                    start: fmt_time(t.start_unix_nano),
+                    root: format!("{} {}", t.root_service, t.root_name),
+                    outcome: t.outcome.as_str(),
+                    answered: fmt_duration(t.answer_ms.unwrap_or(t.duration_ms)),
+                    budget: fmt_opt_duration(t.budget_ms),
+                    here: badges(&at.here),
+                    elsewhere: badges(&at.elsewhere),
+                    origin: at.origin,
+                }
             })
             .collect(),
         traces_href: range.search_href(&[

@@ -1,5 +1,6 @@
-//! `/`: the hops table, deadline-exceeded over time (inherited vs local), the top budget
-//! burners, and for a new installation the steps to send the first traces.
+//! `/`: the hops table, deadline-exceeded over time (inherited vs local), where exceeded
+//! requests ran out (their origin hops), the top budget burners, and for a new installation
+//! the steps to send the first traces.
 
 use std::collections::BTreeMap;
 
@@ -56,6 +57,18 @@ pub struct HopRow {
     pub burn_p95: String,
 }
 
+/// A hop where exceeded requests ran out.
+pub struct Origin {
+    pub service: String,
+    pub operation: String,
+    pub href: String,
+    /// Search for the exceeded traces that ran out here.
+    pub traces_href: String,
+    pub count: i64,
+    /// Width of the bar, 0–100.
+    pub bar: f64,
+}
+
 pub struct Burner {
     pub service: String,
     pub operation: String,
@@ -86,6 +99,9 @@ pub struct OverviewPage {
     pub chart: String,
     pub chart_rows: Vec<(String, i64, i64)>,
     pub burners: Vec<Burner>,
+    pub origins: Vec<Origin>,
+    /// Exceeded requests counted at an origin hop in the range, all hops together.
+    pub total_origins: i64,
     pub legend: Vec<Badge>,
     pub exceeded_href: String,
     /// Firing alert instances (filled by the handler).
@@ -232,6 +248,28 @@ pub fn build(
         })
         .collect();
 
+    let mut origins: Vec<(&(&str, &str), i64)> = merged
+        .iter()
+        .map(|(key, r)| (key, r.count("origin")))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    origins.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let total_origins = origins.iter().map(|(_, n)| n).sum();
+    let most = origins.first().map_or(1, |o| o.1).max(1) as f64;
+    let origins = origins
+        .into_iter()
+        .take(8)
+        .map(|((service, operation), count)| Origin {
+            service: service.to_string(),
+            operation: operation.to_string(),
+            href: hop_href(service, operation, &range_query),
+            traces_href: range
+                .search_href(&[("origin_service", service), ("origin_operation", operation)]),
+            count,
+            bar: (count as f64 / most * 100.0).clamp(1.0, 100.0),
+        })
+        .collect();
+
     let (chart, chart_rows) = super::exceeded_chart(&range, rows);
     let total_requests = hops.iter().map(|(h, _)| h.requests).sum();
     let total_local = hops.iter().map(|(h, _)| h.local).sum();
@@ -262,6 +300,8 @@ pub fn build(
         chart,
         chart_rows,
         burners,
+        origins,
+        total_origins,
         legend,
         exceeded_href,
         firing: Vec::new(),

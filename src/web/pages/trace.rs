@@ -55,6 +55,8 @@ pub struct WfRow {
     pub self_ms: String,
     pub burn: String,
     pub badges: Vec<Badge>,
+    /// The request's budget ran out at this hop.
+    pub origin: bool,
     pub error: bool,
     pub matched: bool,
     pub selected: bool,
@@ -353,6 +355,7 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                     .iter()
                     .map(|f| Badge::new(f.flag.as_str(), None, f.message.clone()))
                     .collect(),
+                origin: analysis.origins.contains(&r),
                 error: span.status.code == SpanStatus::Error,
                 matched: matched[r],
                 selected: Some(r) == selected_row,
@@ -523,81 +526,106 @@ fn matches(span: &Span, needle: &str) -> bool {
             .any(|(k, v)| hit(&format!("{k}={}", display_value(v))))
 }
 
-/// The verdict sentence at the top of the page.
+/// The verdict at the top of the page: the outcome against the budget, timed by when the
+/// edge hop answered; where an exceeded request ran out; work that went on after the answer.
 pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
-    let burner = analysis.burner.map(|r| {
-        let row = &analysis.rows[r];
-        let span = &spans[row.span];
-        (
-            format!("{} {}", span.service, span.name),
-            row.self_ms.unwrap_or(0.0),
-        )
-    });
-    match (analysis.outcome, analysis.budget_ms) {
-        (Outcome::NoBudget, _) | (_, None) => "No budget recorded: add deadline.remaining_ms (the milliseconds left before the \
+    let label = |r: usize| {
+        let span = &spans[analysis.rows[r].span];
+        format!("{} {}", span.service, span.name)
+    };
+    let burner = analysis
+        .burner
+        .map(|r| (label(r), analysis.rows[r].self_ms.unwrap_or(0.0)));
+    let Some(budget) = analysis
+        .budget_ms
+        .filter(|_| analysis.outcome != Outcome::NoBudget)
+    else {
+        return "No budget recorded: add deadline.remaining_ms (the milliseconds left before the \
              caller's deadline) to each service's server span, or capture X-Request-Budget-Ms or grpc-timeout; \
              this trace is shown without budget analysis."
-            .to_string(),
-        (Outcome::Exceeded, Some(budget)) => {
-            let edge_overspent = analysis.edge.is_some_and(|e| {
-                analysis.rows[e]
-                    .flags
-                    .iter()
-                    .any(|f| f.flag == crate::analyze::Flag::Overspent)
-            });
-            match burner {
-                Some((who, own)) if edge_overspent => format!(
-                    "Exceeded: {who} used {} of a {} budget (the request took {}).",
-                    fmt_duration(own),
-                    fmt_duration(budget),
-                    fmt_duration(analysis.duration_ms)
-                ),
-                _ if edge_overspent => format!(
-                    "Exceeded: the request took {} of a {} budget.",
-                    fmt_duration(analysis.duration_ms),
-                    fmt_duration(budget)
-                ),
-                Some((who, own)) => format!(
-                    "Exceeded: the request ended with a deadline-exceeded status after {} of its {} budget; \
-                     {who} used the most ({}).",
-                    fmt_duration(analysis.duration_ms),
-                    fmt_duration(budget),
-                    fmt_duration(own)
-                ),
-                None => format!(
-                    "Exceeded: the request ended with a deadline-exceeded status after {} of its {} budget.",
-                    fmt_duration(analysis.duration_ms),
-                    fmt_duration(budget)
-                ),
-            }
+            .to_string();
+    };
+    let answered = analysis
+        .edge
+        .map_or(analysis.duration_ms, |e| analysis.rows[e].duration_ms);
+    let (answered_s, budget_s) = (fmt_duration(answered), fmt_duration(budget));
+    let mut text = if analysis.outcome == Outcome::Exceeded {
+        let edge_overspent = analysis.edge.is_some_and(|e| {
+            analysis.rows[e]
+                .flags
+                .iter()
+                .any(|f| f.flag == crate::analyze::Flag::Overspent)
+        });
+        let mut text = if edge_overspent {
+            format!("Exceeded: answered in {answered_s} of its {budget_s} budget.")
+        } else {
+            format!(
+                "Exceeded: the request ended with a deadline-exceeded status after {answered_s} of its \
+                 {budget_s} budget."
+            )
+        };
+        let origins: Vec<String> = analysis
+            .origins
+            .iter()
+            .map(|&r| {
+                let reason = crate::analyze::origin_reason(&analysis.rows[r]);
+                let mut told = label(r);
+                if !reason.is_empty() {
+                    told.push_str(&format!(" ({reason})"));
+                }
+                if Some(r) == analysis.burner {
+                    let own = analysis.rows[r].self_ms.unwrap_or(0.0);
+                    told.push_str(&format!(
+                        ", which spent {} on its own work",
+                        fmt_duration(own)
+                    ));
+                }
+                told
+            })
+            .collect();
+        if !origins.is_empty() {
+            text.push_str(&format!(
+                " The budget ran out at {}.",
+                origins.join("; and at ")
+            ));
         }
-        (Outcome::Ok, Some(budget)) => {
-            let took = analysis
-                .edge
-                .map_or(analysis.duration_ms, |e| analysis.rows[e].duration_ms);
-            let mut text = match burner {
-                Some((who, own)) => format!(
-                    "Within budget: the request took {} of its {} budget; {who} used the most ({}).",
-                    fmt_duration(took),
-                    fmt_duration(budget),
-                    fmt_duration(own)
-                ),
-                None => format!(
-                    "Within budget: the request took {} of its {} budget.",
-                    fmt_duration(took),
-                    fmt_duration(budget)
-                ),
-            };
-            if let Some(n) = analysis.flag_counts.get(&crate::analyze::Flag::Wasted) {
-                text.push_str(&format!(
-                    " But {n} span{} kept working after {} caller gave up.",
-                    if *n == 1 { "" } else { "s" },
-                    if *n == 1 { "its" } else { "their" }
-                ));
-            }
-            text
+        if let Some((who, own)) = burner.filter(|_| {
+            !analysis
+                .burner
+                .is_some_and(|b| analysis.origins.contains(&b))
+        }) {
+            text.push_str(&format!(
+                " Most of the time went to {who} ({} of its own work).",
+                fmt_duration(own)
+            ));
         }
+        text
+    } else {
+        match burner {
+            Some((who, own)) => format!(
+                "Within budget: answered in {answered_s} of {budget_s}; {who} used the most ({}).",
+                fmt_duration(own)
+            ),
+            None => format!("Within budget: answered in {answered_s} of {budget_s}."),
+        }
+    };
+    // Spans that ended after the edge answered, beyond the tolerance: the trace outlasts
+    // its answer.
+    let after = analysis.duration_ms - answered;
+    if analysis.edge.is_some() && after > analysis.tolerance_ms.max(1.0) {
+        text.push_str(&format!(
+            " {} of work continued after the answer.",
+            fmt_duration(after)
+        ));
     }
+    if let Some(n) = analysis.flag_counts.get(&crate::analyze::Flag::Wasted) {
+        text.push_str(&format!(
+            " {n} span{} kept working after {} caller gave up.",
+            if *n == 1 { "" } else { "s" },
+            if *n == 1 { "its" } else { "their" }
+        ));
+    }
+    text
 }
 
 /// Attribute values as text: strings as they are, everything else as JSON.
@@ -719,5 +747,50 @@ fn detail(
         },
         hop_href: (row.role == Role::Hop).then(|| hop_href(&span.service, &span.name, "")),
         close_href: format!("{base}{}", view.query(None, view.raw)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verdict;
+    use crate::analyze::fixture::parse;
+    use crate::analyze::{AnalyzeOptions, analyze};
+
+    fn verdict_of(fixture: &str) -> String {
+        let spans = parse(fixture);
+        verdict(&spans, &analyze(&spans, &AnalyzeOptions::default()))
+    }
+
+    #[test]
+    fn an_answer_in_time_with_work_going_on_after_it_says_both() {
+        let text = verdict_of(
+            r#"
+edge server "GET /report" 0 56 budget=1450
+  edge client "POST /render" 5 45 budget=1440
+    render server "POST /render" 6 1750 budget=1440
+"#,
+        );
+        assert_eq!(
+            text,
+            "Within budget: answered in 56 ms of 1.45 s; render POST /render used the most (1.75 s). \
+             1.7 s of work continued after the answer. 1 span kept working after its caller gave up."
+        );
+    }
+
+    #[test]
+    fn an_exceeded_request_names_where_its_budget_ran_out() {
+        let text = verdict_of(
+            r#"
+edge server "GET /checkout" 0 900 budget=800
+  edge client "GET /stock" 20 870 budget=780
+    inventory server "GET /stock" 25 860 budget=775
+"#,
+        );
+        assert_eq!(
+            text,
+            "Exceeded: answered in 900 ms of its 800 ms budget. The budget ran out at inventory \
+             GET /stock (deadline passed during its own work), which spent 860 ms on its own work."
+        );
+        assert!(!text.contains("continued after"), "{text}");
     }
 }

@@ -19,7 +19,7 @@ use crate::web::api::parse_trace_id;
 use crate::web::search::parse_query;
 
 /// The single-valued filters, in form order: (parameter, label, placeholder).
-const FIELDS: [(&str, &str, &str); 8] = [
+const FIELDS: [(&str, &str, &str); 10] = [
     ("min_duration_ms", "Min duration (ms)", "e.g. 500"),
     ("max_duration_ms", "Max duration (ms)", ""),
     ("min_budget_ms", "Min budget (ms)", ""),
@@ -27,6 +27,12 @@ const FIELDS: [(&str, &str, &str); 8] = [
     ("since", "From", "-1h, RFC 3339 or unix ms"),
     ("until", "To", "now"),
     ("operation", "Operation", "e.g. GET /stock"),
+    ("origin_service", "Ran out at service", "e.g. inventory"),
+    (
+        "origin_operation",
+        "Ran out at operation",
+        "e.g. GET /stock",
+    ),
     ("limit", "Results per page", "20"),
 ];
 
@@ -53,8 +59,14 @@ pub struct TraceRow {
     pub outcome: &'static str,
     pub outcome_label: &'static str,
     pub budget: String,
+    /// How long the edge hop took to answer (the duration when there is none).
+    pub answered: String,
+    /// Work that went on after the answer, e.g. "+1.7 s after"; empty when none.
+    pub after: String,
     pub duration: String,
-    /// Mini budget bar: the duration's width (0–100) on a scale where the budget is `budget_at`.
+    /// Where an exceeded request ran out: "inventory GET /stock"; empty otherwise.
+    pub origin: String,
+    /// Mini budget bar: the answer time's width (0–100) on a scale where the budget is `budget_at`.
     pub used: f64,
     pub over: f64,
     pub budget_at: f64,
@@ -168,7 +180,8 @@ pub async fn traces(
     let more = found.len() > limit as usize;
     found.truncate(limit as usize);
     page.searched = true;
-    page.rows = found.iter().map(row).collect();
+    let tolerance_ms = state.analyze.tolerance_ms;
+    page.rows = found.iter().map(|t| row(t, tolerance_ms)).collect();
     // Pagination keeps every filter and replaces the cursor.
     let kept: Vec<(&str, &str)> = params
         .iter()
@@ -196,20 +209,30 @@ pub async fn traces(
     Ok(html(StatusCode::OK, &page))
 }
 
-fn row(summary: &TraceSummary) -> TraceRow {
+/// A result row. Work after the answer shows once it exceeds the analysis tolerance, below
+/// which spans ending a little after their parent is noise.
+fn row(summary: &TraceSummary, tolerance_ms: f64) -> TraceRow {
     let id = summary.trace_id.to_hex();
+    let answered = summary.answer_ms.unwrap_or(summary.duration_ms);
+    // Spans that ended after the answer: work the caller no longer waited for.
+    let after = summary.duration_ms - answered;
+    let after = if after > tolerance_ms.max(1.0) {
+        format!("+{} after", fmt_duration(after))
+    } else {
+        String::new()
+    };
     let (used, over, budget_at, bar_title) = match summary.budget_ms {
         Some(budget) if budget > 0.0 => {
-            let scale = budget.max(summary.duration_ms).max(1e-9);
-            let used = summary.duration_ms.min(budget) / scale * 100.0;
-            let over = (summary.duration_ms - budget).max(0.0) / scale * 100.0;
+            let scale = budget.max(answered).max(1e-9);
+            let used = answered.min(budget) / scale * 100.0;
+            let over = (answered - budget).max(0.0) / scale * 100.0;
             (
                 used,
                 over,
                 budget / scale * 100.0,
                 format!(
-                    "took {} of a {} budget",
-                    fmt_duration(summary.duration_ms),
+                    "answered in {} of a {} budget",
+                    fmt_duration(answered),
                     fmt_duration(budget)
                 ),
             )
@@ -231,7 +254,15 @@ fn row(summary: &TraceSummary) -> TraceRow {
         outcome,
         outcome_label,
         budget: fmt_opt_duration(summary.budget_ms),
+        answered: fmt_duration(answered),
+        after,
         duration: fmt_duration(summary.duration_ms),
+        origin: summary
+            .origins
+            .iter()
+            .map(|(service, name)| format!("{service} {name}"))
+            .collect::<Vec<_>>()
+            .join(", "),
         used,
         over,
         budget_at,
