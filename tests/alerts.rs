@@ -345,18 +345,24 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
             "{backend}: one commit latency per request:\n{text}"
         );
 
-        // The delivery log shows the retries.
-        let (_, log) = get_json(
+        // The delivery log shows the retries, once the server recorded the answer the hook
+        // gave (the hook holds the body a moment before the server hears back).
+        let to_ops = |log: &Value| {
+            log["notifications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["receiver"] == "ops")
+                .cloned()
+        };
+        let log = poll_json(
             &server,
             "/api/alerts/notifications?rule=checkout-burning&limit=10",
+            "the delivery to ops recorded",
+            |log| to_ops(log).is_some_and(|n| n["outcome"] == "delivered"),
         )
         .await;
-        let delivered = log["notifications"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["receiver"] == "ops")
-            .unwrap_or_else(|| panic!("{backend}: no delivery to ops: {log}"));
+        let delivered = to_ops(&log).unwrap();
         assert_eq!(delivered["outcome"], "delivered", "{log}");
         assert_eq!(delivered["attempts"], 3, "two 500s, then delivered: {log}");
         assert!(
