@@ -122,6 +122,11 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_QUIET_PERIOD", default_value = "10s")]
     pub quiet_period: String,
 
+    /// Open connections per listener, at most; beyond it new connections are closed at once
+    /// (clients retry). Lowered at start to fit the open-files limit.
+    #[arg(long, env = "BUDGETSCOPE_MAX_CONNECTIONS", default_value = "4096")]
+    pub max_connections: usize,
+
     /// Spans accepted but not yet committed, at most; beyond it exporters are told to retry.
     #[arg(long, env = "BUDGETSCOPE_MAX_QUEUED_SPANS", default_value = "200000")]
     pub max_queued_spans: usize,
@@ -161,6 +166,12 @@ pub struct ServeArgs {
     /// Default: http:// and --http-addr.
     #[arg(long, env = "BUDGETSCOPE_EXTERNAL_URL")]
     pub external_url: Option<String>,
+
+    /// Host names the UI and API answer to besides localhost and the literal loopback
+    /// addresses, when bound to loopback (comma-separated; the external URL's host is
+    /// added). Bound elsewhere: when given, the only names answered. Others get 421.
+    #[arg(long, env = "BUDGETSCOPE_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Which database a URL names.
@@ -192,11 +203,14 @@ pub struct ServeConfig {
     pub quiet_period: Duration,
     pub cors_origins: Vec<HeaderValue>,
     pub max_queued_spans: usize,
+    pub max_connections: usize,
     pub writer_priority: WriterPriority,
     pub rules: Option<std::path::PathBuf>,
     pub alert_interval: Duration,
     pub alert_delay: Duration,
     pub external_url: String,
+    /// `--allowed-hosts` plus the external URL's host.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// A setting that failed validation, named as the user wrote it.
@@ -344,6 +358,14 @@ impl ServeArgs {
                 ));
             }
         }
+        if self.max_connections == 0 {
+            return Err(invalid(
+                "max-connections",
+                "BUDGETSCOPE_MAX_CONNECTIONS",
+                "0",
+                "expected at least 1",
+            ));
+        }
         if self.max_queued_spans == 0 {
             return Err(invalid(
                 "max-queued-spans",
@@ -373,6 +395,7 @@ impl ServeArgs {
             quiet_period,
             cors_origins,
             max_queued_spans: self.max_queued_spans,
+            max_connections: self.max_connections,
             writer_priority: self.writer_priority,
             rules: self.rules.clone(),
             alert_interval,
@@ -381,8 +404,31 @@ impl ServeArgs {
                 Some(url) => url.trim().trim_end_matches('/').to_string(),
                 None => format!("http://{http_addr}"),
             },
+            allowed_hosts: self
+                .allowed_hosts
+                .iter()
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .chain(self.external_url.as_deref().and_then(url_host))
+                .collect(),
         })
     }
+}
+
+/// The host of an http(s) URL: `https://b.example.com:8443/x` → `b.example.com`.
+fn url_host(url: &str) -> Option<String> {
+    authority_host(url.trim().split_once("://")?.1.split('/').next()?)
+}
+
+/// The host of a URL authority or `Host` header, as compared: lowercase, without port or
+/// trailing dot, IPv6 literals in brackets (`[::1]:8080` → `[::1]`).
+pub fn authority_host(authority: &str) -> Option<String> {
+    let host = match authority.trim().strip_prefix('[') {
+        Some(rest) => format!("[{}]", rest.split(']').next()?),
+        None => authority.trim().split(':').next()?.to_string(),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
 }
 
 fn parse_duration_or_zero(text: &str) -> Option<Duration> {

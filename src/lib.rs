@@ -14,6 +14,7 @@ pub mod demo;
 pub mod export;
 pub mod indexer;
 pub mod ingest;
+pub mod listen;
 pub mod metrics;
 pub mod model;
 pub mod normalize;

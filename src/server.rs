@@ -19,22 +19,12 @@ use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor, WriterPriority};
+use crate::listen::{self, Limits};
 use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
 use crate::store::{self, Store};
 use crate::web::{self, AppState};
-
-/// The HTTP/2 flow-control window of each OTLP/gRPC connection: how much an exporter may
-/// have sent on it, over all its requests, before it must wait for the server to
-/// acknowledge what it read. Against hyper's default of 1 MiB, with TCP_NODELAY on both:
-/// gRPC 512 × 8, 5 interleaved pairs, 205.7k → 213.2k spans/s (4 of 5) and 8 % less server
-/// CPU; gRPC 100 × 8 unchanged (BENCHMARKS.md). The per-request (stream) window made no
-/// difference at 4 MiB against hyper's 1 MiB, even for 1 MiB requests, and stays at the
-/// default. 16 MiB is where gRPC's Go server, behind the OpenTelemetry Collector and
-/// Jaeger, stops growing its windows. It bounds no memory of ours: the server reads each
-/// request whole (up to `--max-request-bytes`) before decoding it anyway.
-const GRPC_CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// How often queued notifications are looked for (retries wait at least 1 s).
 const DELIVERY_POLL: Duration = Duration::from_millis(500);
@@ -116,36 +106,37 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     let http_addr = http_listener.local_addr()?;
 
     let stop_accepting = CancellationToken::new();
-    let grpc = {
-        let service = receive::grpc::service(receiver.clone(), config.max_request_bytes);
-        let stop = stop_accepting.clone();
-        tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .initial_connection_window_size(Some(GRPC_CONNECTION_WINDOW))
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    // TCP_NODELAY, as tonic's own `serve` sets it (`serve_with_incoming`
-                    // leaves sockets as they are): without it a small frame, such as a
-                    // flow-control update, can wait for the exporter's delayed ACK (40 ms):
-                    // 4 interleaved pairs each, gRPC 100 × 8 131.3k → 189.8k spans/s with
-                    // export p99 44 → 11–14 ms, gRPC 512 × 8 185.6k → 224.2k (BENCHMARKS.md).
-                    tonic::transport::server::TcpIncoming::from(grpc_listener)
-                        .with_nodelay(Some(true)),
-                    stop.cancelled_owned(),
-                )
-                .await;
-            if let Err(error) = result {
-                tracing::error!(%error, "otlp grpc server failed");
-            }
-        })
+    let open_files = listen::raise_open_files_limit();
+    let max_connections = listen::fit_connections(config.max_connections, open_files, 3);
+    if max_connections < config.max_connections {
+        tracing::warn!(
+            max_connections,
+            open_files,
+            "--max-connections lowered to fit the open-files limit (ulimit -n) over 3 listeners"
+        );
+    }
+    let limits = Limits {
+        max_connections,
+        http2_only: false,
     };
-    let otlp_http = serve_axum(
+    let grpc = listen::serve(
+        grpc_listener,
+        receive::grpc::service(receiver.clone(), config.max_request_bytes),
+        Limits {
+            http2_only: true,
+            ..limits
+        },
+        stop_accepting.clone(),
+        "otlp grpc",
+    );
+    let otlp_http = listen::serve(
         otlp_http_listener,
         receive::http::router(receiver, config.max_request_bytes, &config.cors_origins),
+        limits,
         stop_accepting.clone(),
         "otlp http",
     );
-    let http = serve_axum(
+    let http = listen::serve(
         http_listener,
         web::app(AppState {
             store: store.clone(),
@@ -156,7 +147,9 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             external_url: config.external_url.clone(),
             metrics: metrics.clone(),
             ingest: Some(ingestor.clone()),
+            allowed_hosts: web::allowed_hosts(config.http_addr, &config.allowed_hosts),
         }),
+        limits,
         stop_accepting.clone(),
         "ui and api",
     );
@@ -216,22 +209,6 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         listeners: vec![grpc, otlp_http, http],
         background,
         ingestor,
-    })
-}
-
-fn serve_axum(
-    listener: TcpListener,
-    router: axum::Router,
-    stop: CancellationToken,
-    what: &'static str,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(error) = result {
-            tracing::error!(%error, server = what, "server failed");
-        }
     })
 }
 

@@ -223,7 +223,7 @@ fn cases() -> Vec<Case> {
             encoding: None,
             body: vec![b' '; MAX_REQUEST_BYTES + 1],
             status: 413,
-            message: "request body is over 65536 bytes;",
+            message: "request body is over 65536 bytes (its Content-Length);",
             stored: None,
         },
         Case {
@@ -544,15 +544,50 @@ async fn grpc_reports_partial_success_and_keeps_the_valid_spans() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grpc_refuses_requests_over_the_size_limit() {
+async fn grpc_refuses_permanent_failures_with_a_code_exporters_do_not_retry() {
     let db = TestDb::sqlite();
     let server = start(&db, &["--max-request-bytes", "64KiB"]).await;
     let mut client = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr))
         .await
         .unwrap();
+    // Permanent failures carry INVALID_ARGUMENT, which exporters do not retry (OTLP).
     let big = proto_span(42, 1, &"n".repeat(100 * 1024));
-    let status = client.export(proto_request(vec![big])).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    let status = client
+        .export(proto_request(vec![big.clone()]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("--max-request-bytes"),
+        "{status:?}"
+    );
+    // Compressed it is small; decompressed it is over the limit.
+    let mut gzip = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr))
+        .await
+        .unwrap()
+        .send_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let status = gzip.export(proto_request(vec![big])).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    // A body that does not decode.
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", server.otlp_grpc_addr))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut raw = tonic::client::Grpc::new(channel);
+    raw.ready().await.unwrap();
+    let status = raw
+        .unary::<Vec<u8>, (), _>(
+            tonic::Request::new(vec![0xff, 0xff, 0xff]),
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+                .parse()
+                .unwrap(),
+            RawCodec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     server.shutdown().await;
 }
 
@@ -646,5 +681,54 @@ async fn grpc_repairs_non_utf8_instead_of_refusing_the_request() {
                 .contains("not valid UTF-8")
         );
         server.shutdown().await;
+    }
+}
+
+/// Sends bytes as they are: a gRPC message no OTLP client would produce.
+struct RawCodec;
+struct RawEncoder;
+struct RawDecoder;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = ();
+    type Encoder = RawEncoder;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> RawEncoder {
+        RawEncoder
+    }
+
+    fn decoder(&mut self) -> RawDecoder {
+        RawDecoder
+    }
+}
+
+impl tonic::codec::Encoder for RawEncoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut as _;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawDecoder {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<()>, tonic::Status> {
+        use bytes::Buf as _;
+        buf.advance(buf.remaining());
+        Ok(Some(()))
     }
 }

@@ -5,9 +5,12 @@
 //! instead of failing the whole request. It answers exactly as the generated server would
 //! otherwise (same path, codec, compression and size handling; UNIMPLEMENTED elsewhere).
 //!
-//! gzip and uncompressed requests are accepted. A request over `max_request_bytes` is
-//! refused by tonic with OUT_OF_RANGE before it is decoded (known quirk: exporters may
-//! retry it; see ARCHITECTURE.md).
+//! gzip and uncompressed requests are accepted. Status codes follow the OTLP
+//! specification: permanent failures never carry a code exporters retry. A request over
+//! `max_request_bytes` (before or after gzip) is refused with INVALID_ARGUMENT before it is
+//! decoded (tonic's OUT_OF_RANGE and RESOURCE_EXHAUSTED are both retryable), a body that
+//! does not decode with INVALID_ARGUMENT, and spans the store cannot take now with
+//! UNAVAILABLE and a retry delay.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -78,10 +81,12 @@ impl tonic::codec::Decoder for ExportDecoder {
         use bytes::Buf as _;
         // The message's bytes, without a copy (the buffer is tonic's `BytesMut`).
         let body = buf.copy_to_bytes(buf.remaining());
-        // INTERNAL for a body that does not decode, as tonic's prost codec answers.
-        decode_request(body)
-            .map(Some)
-            .map_err(|error| Status::internal(error.to_string()))
+        // Permanent: the same bytes never decode.
+        decode_request(body).map(Some).map_err(|error| {
+            Status::invalid_argument(format!(
+                "the request is not a valid ExportTraceServiceRequest: {error}"
+            ))
+        })
     }
 }
 
@@ -136,6 +141,35 @@ where
             .apply_compression_config(gzip, gzip)
             .apply_max_message_size_config(Some(self.max_request_bytes), None);
         let export = Export(self.receiver.clone());
-        Box::pin(async move { Ok(grpc.unary(export, request).await) })
+        let limit = self.max_request_bytes;
+        Box::pin(async move {
+            Ok(permanent_size_refusal(
+                grpc.unary(export, request).await,
+                limit,
+            ))
+        })
+    }
+}
+
+/// tonic refuses a message over the size limit with OUT_OF_RANGE (as sent) or
+/// RESOURCE_EXHAUSTED (after gzip), which exporters retry forever; the export service
+/// itself answers neither, so both become INVALID_ARGUMENT, saying what to change.
+fn permanent_size_refusal(
+    response: http::Response<tonic::body::Body>,
+    limit: usize,
+) -> http::Response<tonic::body::Body> {
+    let code = response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(Code::from_i32);
+    match code {
+        Some(Code::OutOfRange | Code::ResourceExhausted) => Status::invalid_argument(format!(
+            "the request is over {limit} bytes (after decompression); lower the exporter's \
+             batch size (e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE) or raise --max-request-bytes"
+        ))
+        .into_http(),
+        _ => response,
     }
 }

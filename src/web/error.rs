@@ -50,6 +50,14 @@ impl ApiError {
         }
     }
 
+    pub fn misdirected(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            code,
+            message: message.into(),
+        }
+    }
+
     /// What the client is told.
     pub fn message(&self) -> &str {
         &self.message

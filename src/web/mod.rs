@@ -16,7 +16,7 @@ pub mod search;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::{Method, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
@@ -40,6 +40,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The ingest pipeline, for its queue depth in `/metrics` (none in tests of the router).
     pub ingest: Option<Arc<Ingestor>>,
+    /// The host names requests may name (lowercase, without port); `None` answers any.
+    pub allowed_hosts: Option<Arc<Vec<String>>>,
 }
 
 impl AppState {
@@ -52,8 +54,46 @@ impl AppState {
             external_url: "http://localhost".into(),
             metrics: Default::default(),
             ingest: None,
+            allowed_hosts: None,
         }
     }
+}
+
+/// The host names a UI bound to `addr` answers to: on loopback `localhost` and the literal
+/// addresses, plus `extra` (`--allowed-hosts`, the external URL's host); elsewhere any host
+/// unless `extra` names some. Refusing other names stops a page on another site from
+/// reaching a loopback instance by pointing its own name at 127.0.0.1 (DNS rebinding).
+pub fn allowed_hosts(addr: std::net::SocketAddr, extra: &[String]) -> Option<Arc<Vec<String>>> {
+    let mut hosts: Vec<String> = extra
+        .iter()
+        .filter_map(|h| crate::config::authority_host(h))
+        .collect();
+    if addr.ip().is_loopback() {
+        hosts.extend(
+            ["localhost", "127.0.0.1", "[::1]"]
+                .into_iter()
+                .map(String::from),
+        );
+        hosts.push(match addr.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        });
+    } else if hosts.is_empty() {
+        return None;
+    }
+    hosts.sort();
+    hosts.dedup();
+    Some(Arc::new(hosts))
+}
+
+/// The host a request names (`Host`, or the HTTP/2 authority), lowercase, without its port.
+fn request_host(request: &Request) -> Option<String> {
+    let authority = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))?;
+    crate::config::authority_host(authority)
 }
 
 pub fn app(state: AppState) -> Router {
@@ -123,7 +163,40 @@ pub fn app(state: AppState) -> Router {
         .route("/static/{file}", get(assets::asset))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(same_origin_writes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.allowed_hosts.clone(),
+            known_hosts_only,
+        ))
         .with_state(state)
+}
+
+/// Answers 421 to a request for a host name the UI does not serve (`allowed_hosts`).
+async fn known_hosts_only(
+    State(allowed): State<Option<Arc<Vec<String>>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(allowed) = allowed else {
+        return next.run(request).await;
+    };
+    if request_host(&request).is_some_and(|host| allowed.contains(&host)) {
+        return next.run(request).await;
+    }
+    let message = format!(
+        "this server answers as {}; open it under one of those names, or start it with \
+         --allowed-hosts NAME to add the name you used",
+        allowed.join(", ")
+    );
+    if request.uri().path().starts_with("/api/") {
+        error::ApiError::misdirected("unknown_host", message).into_response()
+    } else {
+        pages::PageError {
+            status: axum::http::StatusCode::MISDIRECTED_REQUEST,
+            title: "Not served under this name".into(),
+            message,
+        }
+        .into_response()
+    }
 }
 
 /// Refuses a state-changing request that a browser sent from another site (a form on a
@@ -170,5 +243,58 @@ async fn not_found(uri: Uri) -> Response {
         api::not_found(uri).await.into_response()
     } else {
         pages::not_found(uri).await.into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_ui_knows_its_names_and_others_are_given() {
+        let loopback: std::net::SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let hosts = allowed_hosts(loopback, &["Budgets.Internal.".into()]).unwrap();
+        assert_eq!(
+            hosts.as_slice(),
+            ["127.0.0.1", "[::1]", "budgets.internal", "localhost"]
+        );
+        let v6: std::net::SocketAddr = "[::1]:8080".parse().unwrap();
+        assert!(
+            allowed_hosts(v6, &[])
+                .unwrap()
+                .contains(&"[::1]".to_string())
+        );
+        let public: std::net::SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(
+            allowed_hosts(public, &[]),
+            None,
+            "bound elsewhere: any name"
+        );
+        assert_eq!(
+            allowed_hosts(public, &["b.example".into()])
+                .unwrap()
+                .as_slice(),
+            ["b.example"]
+        );
+    }
+
+    #[test]
+    fn the_requested_host_is_read_without_its_port() {
+        let host = |value: &str| {
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, value)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            request_host(&request)
+        };
+        assert_eq!(host("LocalHost:8080").as_deref(), Some("localhost"));
+        assert_eq!(host("[::1]:8080").as_deref(), Some("[::1]"));
+        assert_eq!(host("example.com.").as_deref(), Some("example.com"));
+        let h2 = Request::builder()
+            .uri("http://127.0.0.1:8080/")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(request_host(&h2).as_deref(), Some("127.0.0.1"));
     }
 }
