@@ -1218,12 +1218,14 @@ fn receive_bench(bench: &ReceiveBench) {
         std::str::from_utf8(body).expect("JSON bodies are UTF-8")
     }
     let ours = |body: &Bytes| {
-        let (request, repaired) = decode(body.clone(), format).expect("generated requests decode");
+        let (request, repaired, rejected) =
+            decode(body.clone(), format).expect("generated requests decode");
         std::hint::black_box(prepare(
             request,
             &options,
             now,
             repaired.then_some(LOSSY_UTF8_WARNING),
+            rejected,
         ));
     };
     let baseline = |body: &Bytes| {

@@ -246,9 +246,7 @@ mod tests {
             attributes_to_json(&attributes)
         );
         let back = attributes_from_json(&serde_json::from_str(&text).unwrap());
-        let mut expected = attributes.clone();
-        expected.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(back, expected);
+        assert_eq!(back, attributes, "in the order they were sent");
     }
 
     #[test]

@@ -16,6 +16,13 @@ use crate::model::{
     AttrValue, Attributes, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 
+/// Service and span names are cut to this many characters, so that a hop's page address
+/// (both names, percent-encoded) stays within what HTTP servers and browsers accept.
+pub const MAX_NAME_CHARS: usize = 1024;
+
+const NAME_CUT_WARNING: &str =
+    "a service or span name was longer than 1024 characters and was cut there";
+
 /// The service name used when a resource has no `service.name`.
 pub const UNKNOWN_SERVICE: &str = "unknown_service";
 
@@ -66,7 +73,7 @@ impl Normalized {
         message
     }
 
-    fn reject(&mut self, reason: String, which: String) {
+    pub fn reject(&mut self, reason: String, which: String) {
         self.rejected += 1;
         if self.reasons.iter().any(|(r, _)| *r == reason) {
             return;
@@ -110,6 +117,9 @@ pub fn normalize(
             Some(AttrValue::String(name)) if !name.is_empty() => name.replace('\0', "\u{FFFD}"),
             _ => UNKNOWN_SERVICE.to_string(),
         };
+        let mut no_warnings = Vec::new();
+        let service_cut = service.chars().count() > MAX_NAME_CHARS;
+        let service = cut_name(service, &mut no_warnings);
         for scope_spans in resource_spans.scope_spans {
             let scope = scope_spans
                 .scope
@@ -122,9 +132,14 @@ pub fn normalize(
                 // Checked before the span is taken apart, so that a rejection can name it;
                 // describing every span cost 2 % of the server's time under load.
                 match validate(&span, now_unix_nano) {
-                    Ok(ids) => out.spans.push(convert_span(
-                        span, ids, &service, &resource, &scope, options,
-                    )),
+                    Ok(ids) => {
+                        let mut span =
+                            convert_span(span, ids, &service, &resource, &scope, options);
+                        if service_cut && !span.warnings.iter().any(|w| w == NAME_CUT_WARNING) {
+                            span.warnings.push(NAME_CUT_WARNING.to_string());
+                        }
+                        out.spans.push(span);
+                    }
                     Err(reason) => out.reject(reason, describe_span(&service, &span)),
                 }
             }
@@ -206,7 +221,7 @@ fn convert_span(
         span_id: ids.span_id,
         parent_span_id: ids.parent_span_id,
         service: service.to_string(),
-        name: without_nul(span.name, &mut warnings),
+        name: cut_name(without_nul(span.name, &mut warnings), &mut warnings),
         kind: SpanKind::from_i32(span.kind),
         start_unix_nano: span.start_time_unix_nano,
         end_unix_nano: span.end_time_unix_nano,
@@ -226,6 +241,19 @@ fn convert_span(
         links,
         budget: reading.budget,
         warnings,
+    }
+}
+
+/// Cuts a name to `MAX_NAME_CHARS` characters, noting it once.
+fn cut_name(text: String, warnings: &mut Vec<String>) -> String {
+    match text.char_indices().nth(MAX_NAME_CHARS) {
+        None => text,
+        Some((at, _)) => {
+            if !warnings.iter().any(|w| w == NAME_CUT_WARNING) {
+                warnings.push(NAME_CUT_WARNING.to_string());
+            }
+            text[..at].to_string()
+        }
     }
 }
 
@@ -459,6 +487,26 @@ pub(crate) mod tests {
             span.warnings,
             ["NUL characters in names or messages were replaced by U+FFFD"]
         );
+    }
+
+    #[test]
+    fn very_long_names_are_cut_with_a_warning() {
+        let long = "é".repeat(MAX_NAME_CHARS + 10);
+        let out = normalize(
+            request(Some(&long), vec![otlp_span(1, 2, &long)]),
+            &options(),
+            NOW,
+        );
+        let span = &out.spans[0];
+        assert_eq!(span.service.chars().count(), MAX_NAME_CHARS);
+        assert_eq!(span.name.chars().count(), MAX_NAME_CHARS);
+        assert_eq!(span.warnings, [NAME_CUT_WARNING], "noted once");
+        let short = normalize(
+            request(Some("s"), vec![otlp_span(1, 2, "n")]),
+            &options(),
+            NOW,
+        );
+        assert!(short.spans[0].warnings.is_empty());
     }
 
     #[test]

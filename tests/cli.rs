@@ -83,6 +83,8 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         ("--alert-interval", "BUDGETSCOPE_ALERT_INTERVAL"),
         ("--alert-delay", "BUDGETSCOPE_ALERT_DELAY"),
         ("--external-url", "BUDGETSCOPE_EXTERNAL_URL"),
+        ("--max-connections", "BUDGETSCOPE_MAX_CONNECTIONS"),
+        ("--allowed-hosts", "BUDGETSCOPE_ALLOWED_HOSTS"),
     ] {
         assert!(
             help.contains(flag) && help.contains(env),
@@ -155,6 +157,10 @@ fn an_unreachable_database_is_reported_with_what_to_check() {
             "could not open the database postgres://nobody:***@127.0.0.1:1/none; check --db"
         ),
         "{stderr}"
+    );
+    assert!(
+        stderr.contains("Postgres refused the connection: nothing listens at that host and port"),
+        "says what failed: {stderr}"
     );
     assert!(
         !stderr.contains("secret"),

@@ -398,7 +398,8 @@ edge server "GET /checkout" 0 900 budget=700
     inventory server "GET /x" 25 840 budget=679
 "#,
     );
-    let service = HOSTILE[0];
+    // A right-to-left override in the name would reverse the text after it on the page.
+    let service = &format!("{}\u{202E}kcolb", HOSTILE[0]);
     let name = HOSTILE[1];
     spans[2].service = service.to_string();
     spans[2].name = name.to_string();
@@ -435,6 +436,11 @@ edge server "GET /checkout" 0 900 budget=700
         ),
         format!("/nowhere/{}", enc(HOSTILE[0])),
     ];
+    let trace_page = get_text(&server, &format!("/traces/{id}")).await;
+    assert!(
+        trace_page.contains("[U+202E]kcolb"),
+        "the override is shown as a visible mark"
+    );
     for path in pages {
         let body = get_text(&server, &path).await;
         let lower = body.to_lowercase();
@@ -452,6 +458,10 @@ edge server "GET /checkout" 0 900 budget=700
         assert!(
             body.contains("&#60;script&#62;") || path == "/traces" || path.starts_with("/nowhere"),
             "{path}: the hostile text is shown, escaped"
+        );
+        assert!(
+            !body.contains('\u{202E}'),
+            "{path}: a bidirectional override reaches the page"
         );
     }
     server.shutdown().await;

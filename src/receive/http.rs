@@ -22,7 +22,7 @@ use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::lenient::decode_request;
-use super::{Accepted, RETRY_AFTER, Receiver, refusal_message};
+use super::{Accepted, RETRY_AFTER, Receiver, Rejection, refusal_message};
 
 /// gRPC status codes used in `google.rpc.Status` bodies.
 const INVALID_ARGUMENT: i32 = 3;
@@ -212,8 +212,8 @@ async fn export_inner(
         } else {
             raw
         };
-        let (request, lossy) = decode(body, format)?;
-        Ok(receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING)))
+        let (request, lossy, rejected) = decode(body, format)?;
+        Ok(receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected))
     })
     .await
     .map_err(|_| {
@@ -290,31 +290,43 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
 }
 
 /// Decodes the body; `true` when text had to be repaired into valid UTF-8.
-pub(crate) fn decode(
-    body: Bytes,
-    format: Format,
-) -> Result<(ExportTraceServiceRequest, bool), OtlpHttpError> {
+/// A decoded request: the request, whether its text had to be repaired (invalid UTF-8),
+/// and the spans left out one by one.
+pub(crate) type Decoded = (ExportTraceServiceRequest, bool, Vec<Rejection>);
+
+pub(crate) fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
     let bad = |message: String| {
         OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
     };
     match format {
-        Format::Protobuf => decode_request(body).map_err(|e| {
-            bad(format!(
-                "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
-                 check that Content-Type and Content-Encoding match what the exporter sends"
-            ))
-        }),
+        Format::Protobuf => decode_request(body)
+            .map(|(request, lossy)| (request, lossy, Vec::new()))
+            .map_err(|e| {
+                bad(format!(
+                    "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
+                     check that Content-Type and Content-Encoding match what the exporter sends"
+                ))
+            }),
         Format::Json => {
             let (text, lossy) = match std::str::from_utf8(&body) {
                 Ok(text) => (std::borrow::Cow::Borrowed(text), false),
                 Err(_) => (String::from_utf8_lossy(&body), true),
             };
-            super::otlp_json::decode(&text).map(|r| (r, lossy)).map_err(|e| {
-                bad(format!(
-                    "request body is not valid OTLP/JSON ({e}); OTLP/JSON uses lowerCamelCase keys, \
-                     hex trace and span ids, and integer enum values"
-                ))
-            })
+            // A byte-order mark is no JSON, but some writers put one first.
+            let text = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
+            match super::otlp_json::decode(text) {
+                Ok(request) => Ok((request, lossy, Vec::new())),
+                // The request as a whole did not decode: span by span, the valid spans
+                // are kept and each broken one is reported.
+                Err(e) => super::json_spans::decode(text)
+                    .map(|(request, rejected)| (request, lossy, rejected))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "request body is not valid OTLP/JSON ({e}); OTLP/JSON uses lowerCamelCase \
+                             keys, hex trace and span ids, and integer enum values"
+                        ))
+                    }),
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod grpc;
 pub mod http;
+pub mod json_spans;
 pub mod lenient;
 pub mod otlp_json;
 
@@ -22,6 +23,7 @@ use crate::ingest::{Admission, IngestError, Ingestor};
 use crate::metrics::Metrics;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::EncodedBatch;
+pub use json_spans::Rejection;
 
 /// Requests of at most this many spans are normalised and encoded on the async worker that
 /// received them (well under a millisecond of work); larger ones on the blocking pool, so
@@ -82,10 +84,10 @@ impl Receiver {
         warning: Option<&'static str>,
     ) -> Result<Accepted, IngestError> {
         let prepared = if span_count(&request) <= INLINE_SPANS {
-            self.prepare(request, warning)
+            self.prepare(request, warning, Vec::new())
         } else {
             let receiver = self.clone();
-            tokio::task::spawn_blocking(move || receiver.prepare(request, warning))
+            tokio::task::spawn_blocking(move || receiver.prepare(request, warning, Vec::new()))
                 .await
                 .map_err(|_| IngestError::Unavailable)?
         };
@@ -94,15 +96,21 @@ impl Receiver {
 
     /// The part of `export` before the writer, on the calling thread: admission, then the
     /// request's CPU work (`prepare`). For a receiver that decodes on the blocking pool,
-    /// so that decoding and this work run in one task on one thread.
+    /// so that decoding and this work run in one task on one thread. `rejected` are spans
+    /// the decoder already left out, for `partial_success`.
     pub fn prepare(
         &self,
         request: ExportTraceServiceRequest,
         warning: Option<&'static str>,
+        rejected: Vec<Rejection>,
     ) -> Result<Prepared, IngestError> {
         let span_count = span_count(&request);
         if span_count == 0 {
-            return Ok(Prepared(None));
+            let mut normalized = crate::normalize::Normalized::default();
+            for (reason, which) in rejected {
+                normalized.reject(reason, which);
+            }
+            return Ok(Prepared(None, accepted(&normalized)));
         }
         let admission = self.ingestor.admit(span_count).inspect_err(|_| {
             self.metrics.spans_refused.inc_by(span_count as u64);
@@ -113,20 +121,18 @@ impl Receiver {
             &self.options,
             crate::store::now_unix_nano() as u64,
             warning,
+            rejected,
         );
-        Ok(Prepared(Some((admission, batch, accepted))))
+        Ok(Prepared(Some((admission, batch)), accepted))
     }
 
     /// The rest of `export`: waits until the prepared spans are committed.
     pub async fn commit(&self, prepared: Prepared) -> Result<Accepted, IngestError> {
-        let Prepared(Some((admission, batch, accepted))) = prepared else {
-            return Ok(Accepted {
-                rejected: 0,
-                error_message: String::new(),
-            });
+        self.metrics.spans_rejected.inc_by(prepared.1.rejected);
+        let Prepared(Some((admission, batch)), accepted) = prepared else {
+            return Ok(prepared.1);
         };
         let spans = batch.len() as u64;
-        self.metrics.spans_rejected.inc_by(accepted.rejected);
         let started = std::time::Instant::now();
         match self.ingestor.commit(admission, batch).await {
             Ok(()) => {
@@ -144,9 +150,9 @@ impl Receiver {
     }
 }
 
-/// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (nothing
-/// when the request held no spans).
-pub struct Prepared(Option<(Admission, EncodedBatch, Accepted)>);
+/// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (no batch
+/// when the request held no valid spans), and what its answer says of rejected spans.
+pub struct Prepared(Option<(Admission, EncodedBatch)>, Accepted);
 
 /// A request's CPU work before the writer: normalises and validates its spans and encodes
 /// the valid ones into rows. `warning` goes on every span (see `Receiver::export`).
@@ -155,18 +161,27 @@ pub fn prepare(
     options: &NormalizeOptions,
     now_unix_nano: u64,
     warning: Option<&'static str>,
+    rejected: Vec<Rejection>,
 ) -> (EncodedBatch, Accepted) {
     let mut normalized = normalize(request, options, now_unix_nano);
+    for (reason, which) in rejected {
+        normalized.reject(reason, which);
+    }
     if let Some(warning) = warning {
         for span in &mut normalized.spans {
             span.warnings.push(warning.to_string());
         }
     }
-    let accepted = Accepted {
+    let accepted = accepted(&normalized);
+    (EncodedBatch::from_spans(normalized.spans), accepted)
+}
+
+/// What the answer says of a request's rejected spans.
+fn accepted(normalized: &crate::normalize::Normalized) -> Accepted {
+    Accepted {
         rejected: normalized.rejected,
         error_message: normalized.error_message(),
-    };
-    (EncodedBatch::from_spans(normalized.spans), accepted)
+    }
 }
 
 /// What an exporter is told when its spans could not be taken now (always retryable).

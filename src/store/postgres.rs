@@ -58,6 +58,20 @@ pub struct PostgresStore {
     next_analyze_at: std::sync::atomic::AtomicU64,
 }
 
+/// Why the first connection to Postgres failed, in words that say what to check.
+fn first_connection(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "Postgres refused the connection: nothing listens at that host and port; is \
+             Postgres running there?"
+                .into()
+        }
+        sqlx::Error::Io(io) => format!("could not reach Postgres: {io}"),
+        sqlx::Error::Database(db) => format!("Postgres refused the login: {}", db.message()),
+        other => format!("could not connect to Postgres: {other}"),
+    }
+}
+
 /// Summaries written before the first statistics refresh.
 const FIRST_ANALYZE_AT: u64 = 10_000;
 
@@ -69,6 +83,26 @@ impl PostgresStore {
     /// Connects and runs migrations. The URL may choose a schema with
     /// `?options[search_path]=NAME` (the schema must exist).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        // One connection first, because its error says why (refused, unknown host,
+        // authentication) where the pool's would only say that it timed out.
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            <sqlx::PgConnection as sqlx::Connection>::connect(url),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(StoreError::Unavailable(
+                    "Postgres did not answer within 5 s; check the host and port, and that \
+                     nothing between here and there drops the connection"
+                        .into(),
+                ));
+            }
+            Ok(Err(error)) => return Err(StoreError::Unavailable(first_connection(&error))),
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+            }
+        }
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(5))

@@ -8,6 +8,7 @@
 
 pub mod alert_forms;
 pub mod alerts;
+pub mod escape;
 pub mod help;
 pub mod hop;
 pub mod overview;
