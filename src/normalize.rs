@@ -23,6 +23,14 @@ pub const MAX_NAME_CHARS: usize = 1024;
 const NAME_CUT_WARNING: &str =
     "a service or span name was longer than 1024 characters and was cut there";
 
+/// Arrays and key-value lists nest at most this deep in an attribute value; a deeper one is
+/// replaced by `CUT_VALUE`, with `VALUE_CUT_WARNING` on the span.
+pub const MAX_VALUE_DEPTH: usize = 16;
+
+pub const CUT_VALUE: &str = "[nested deeper than 16 levels: cut]";
+
+const VALUE_CUT_WARNING: &str = "an attribute value nested deeper than 16 levels was cut there (shown as [nested deeper than 16 levels: cut])";
+
 /// The service name used when a resource has no `service.name`.
 pub const UNKNOWN_SERVICE: &str = "unknown_service";
 
@@ -107,10 +115,11 @@ pub fn normalize(
         ..Normalized::default()
     };
     for resource_spans in request.resource_spans {
+        let mut resource_cut = false;
         let resource: Arc<Attributes> = Arc::new(
             resource_spans
                 .resource
-                .map(|r| convert_attributes(r.attributes))
+                .map(|r| convert_attributes(r.attributes, &mut resource_cut))
                 .unwrap_or_default(),
         );
         let service = match crate::model::attr(&resource, "service.name") {
@@ -137,6 +146,9 @@ pub fn normalize(
                             convert_span(span, ids, &service, &resource, &scope, options);
                         if service_cut && !span.warnings.iter().any(|w| w == NAME_CUT_WARNING) {
                             span.warnings.push(NAME_CUT_WARNING.to_string());
+                        }
+                        if resource_cut && !span.warnings.iter().any(|w| w == VALUE_CUT_WARNING) {
+                            span.warnings.push(VALUE_CUT_WARNING.to_string());
                         }
                         out.spans.push(span);
                     }
@@ -189,7 +201,8 @@ fn convert_span(
     scope: &Scope,
     options: &NormalizeOptions,
 ) -> Span {
-    let attributes = convert_attributes(span.attributes);
+    let mut cut = false;
+    let attributes = convert_attributes(span.attributes, &mut cut);
     let reading = read_budget(&attributes, &options.budget_keys);
     let mut warnings = reading.warnings;
     let status = span
@@ -211,10 +224,22 @@ fn convert_span(
             (Ok(trace_id), Ok(span_id)) => links.push(Link {
                 trace_id,
                 span_id,
-                attributes: convert_attributes(link.attributes),
+                attributes: convert_attributes(link.attributes, &mut cut),
             }),
             _ => warnings.push("dropped a link with an invalid trace or span id".to_string()),
         }
+    }
+    let events = span
+        .events
+        .into_iter()
+        .map(|e| Event {
+            time_unix_nano: e.time_unix_nano,
+            name: without_nul(e.name, &mut warnings),
+            attributes: convert_attributes(e.attributes, &mut cut),
+        })
+        .collect();
+    if cut {
+        warnings.push(VALUE_CUT_WARNING.to_string());
     }
     Span {
         trace_id: ids.trace_id,
@@ -229,15 +254,7 @@ fn convert_span(
         attributes,
         resource: resource.clone(),
         scope: scope.clone(),
-        events: span
-            .events
-            .into_iter()
-            .map(|e| Event {
-                time_unix_nano: e.time_unix_nano,
-                name: without_nul(e.name, &mut warnings),
-                attributes: convert_attributes(e.attributes),
-            })
-            .collect(),
+        events,
         links,
         budget: reading.budget,
         warnings,
@@ -290,20 +307,36 @@ fn check_timestamps(start: u64, end: u64, now: u64) -> Result<(), String> {
 }
 
 /// Converts OTLP attributes; keys without a value become `AttrValue::Empty`.
-pub fn convert_attributes(attributes: Vec<KeyValue>) -> Attributes {
+/// Converts attributes; `cut` is set when a value nested deeper than `MAX_VALUE_DEPTH` was
+/// cut there.
+fn convert_attributes(attributes: Vec<KeyValue>, cut: &mut bool) -> Attributes {
+    convert_list(attributes, 0, cut)
+}
+
+fn convert_list(attributes: Vec<KeyValue>, depth: usize, cut: &mut bool) -> Attributes {
     attributes
         .into_iter()
         .map(|kv| {
             (
                 kv.key,
-                kv.value.map(convert_value).unwrap_or(AttrValue::Empty),
+                kv.value
+                    .map(|v| convert_value(v, depth, cut))
+                    .unwrap_or(AttrValue::Empty),
             )
         })
         .collect()
 }
 
-fn convert_value(value: AnyValue) -> AttrValue {
+fn convert_value(value: AnyValue, depth: usize, cut: &mut bool) -> AttrValue {
     use any_value::Value;
+    let nested = matches!(
+        value.value,
+        Some(Value::ArrayValue(_) | Value::KvlistValue(_))
+    );
+    if nested && depth >= MAX_VALUE_DEPTH {
+        *cut = true;
+        return AttrValue::String(CUT_VALUE.to_string());
+    }
     match value.value {
         None => AttrValue::Empty,
         Some(Value::StringValue(s)) => AttrValue::String(s),
@@ -311,10 +344,13 @@ fn convert_value(value: AnyValue) -> AttrValue {
         Some(Value::IntValue(i)) => AttrValue::Int(i),
         Some(Value::DoubleValue(d)) => AttrValue::Double(d),
         Some(Value::BytesValue(b)) => AttrValue::Bytes(b),
-        Some(Value::ArrayValue(a)) => {
-            AttrValue::Array(a.values.into_iter().map(convert_value).collect())
-        }
-        Some(Value::KvlistValue(kv)) => AttrValue::Map(convert_attributes(kv.values)),
+        Some(Value::ArrayValue(a)) => AttrValue::Array(
+            a.values
+                .into_iter()
+                .map(|v| convert_value(v, depth + 1, cut))
+                .collect(),
+        ),
+        Some(Value::KvlistValue(kv)) => AttrValue::Map(convert_list(kv.values, depth + 1, cut)),
         // Only meaningful for the profiling signal; OTLP says to treat it as absent.
         Some(Value::StringValueStrindex(_)) => AttrValue::Empty,
     }

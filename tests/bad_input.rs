@@ -411,6 +411,33 @@ fn cases() -> Vec<Case> {
             stored: Some((14, vec!["bad\u{FFFD}\u{FFFD}", "good"])),
         },
     ];
+    // Nested past prost's recursion limit (a key-value list 40 deep): cut, not refused.
+    let mut deep = proto_span(25, 1, "deep");
+    let mut value = any_value::Value::StringValue("bottom".into());
+    for _ in 0..40 {
+        value =
+            any_value::Value::KvlistValue(opentelemetry_proto::tonic::common::v1::KeyValueList {
+                values: vec![KeyValue {
+                    key: "k".into(),
+                    value: Some(AnyValue { value: Some(value) }),
+                    ..Default::default()
+                }],
+            });
+    }
+    deep.attributes = vec![KeyValue {
+        key: "deep".into(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    }];
+    cases.push(Case {
+        name: "an attribute nested 40 deep",
+        content_type: proto_ct,
+        encoding: None,
+        body: proto_request(vec![deep, proto_span(25, 2, "good")]).encode_to_vec(),
+        status: 200,
+        message: "",
+        stored: Some((25, vec!["deep", "good"])),
+    });
     for (trace, name, mutate, status, message) in [
         // The mapping's default for a missing list is empty.
         (

@@ -16,6 +16,7 @@ use opentelemetry_proto::tonic::collector::trace::v1 as collector;
 use opentelemetry_proto::tonic::common::v1 as common;
 use opentelemetry_proto::tonic::resource::v1 as resource;
 use opentelemetry_proto::tonic::trace::v1 as trace;
+use prost::DecodeError;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ExportRequest {
@@ -111,44 +112,29 @@ struct Status {
 struct KeyValue {
     #[prost(bytes = "vec", tag = "1")]
     key: Vec<u8>,
-    #[prost(message, optional, tag = "2")]
-    value: Option<AnyValue>,
+    /// The `AnyValue` as encoded, read by `Text::value`: prost's recursion limit would
+    /// refuse a deeply nested value, and with it the whole request.
+    #[prost(bytes = "bytes", optional, tag = "2")]
+    value: Option<bytes::Bytes>,
 }
 
-#[derive(Clone, PartialEq, prost::Message)]
-struct AnyValue {
-    #[prost(oneof = "Value", tags = "1, 2, 3, 4, 5, 6, 7")]
-    value: Option<Value>,
-}
+/// Values nested deeper than this are not decoded; normalising cuts them one level earlier
+/// (`normalize::MAX_VALUE_DEPTH`), with a warning on the span.
+const MAX_DECODED_DEPTH: usize = crate::normalize::MAX_VALUE_DEPTH + 1;
 
-#[derive(Clone, PartialEq, prost::Oneof)]
-enum Value {
-    #[prost(bytes, tag = "1")]
-    String(Vec<u8>),
-    #[prost(bool, tag = "2")]
-    Bool(bool),
-    #[prost(int64, tag = "3")]
-    Int(i64),
-    #[prost(double, tag = "4")]
-    Double(f64),
-    #[prost(message, tag = "5")]
-    Array(ArrayValue),
-    #[prost(message, tag = "6")]
-    Kvlist(KeyValueList),
-    #[prost(bytes, tag = "7")]
-    Bytes(Vec<u8>),
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ArrayValue {
-    #[prost(message, repeated, tag = "1")]
-    values: Vec<AnyValue>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct KeyValueList {
-    #[prost(message, repeated, tag = "1")]
-    values: Vec<KeyValue>,
+/// A length-delimited field's bytes (prost's checks of wire type and length).
+fn delimited(
+    wire: prost::encoding::WireType,
+    buf: &mut bytes::Bytes,
+) -> Result<bytes::Bytes, DecodeError> {
+    let mut out = bytes::Bytes::new();
+    prost::encoding::bytes::merge(
+        wire,
+        &mut out,
+        buf,
+        prost::encoding::DecodeContext::default(),
+    )?;
+    Ok(out)
 }
 
 /// Collects whether any text had to be repaired.
@@ -165,38 +151,140 @@ impl Text {
         })
     }
 
-    fn attributes(&mut self, attributes: Vec<KeyValue>) -> Vec<common::KeyValue> {
+    fn attributes(
+        &mut self,
+        attributes: Vec<KeyValue>,
+    ) -> Result<Vec<common::KeyValue>, DecodeError> {
         attributes
             .into_iter()
-            .map(|kv| common::KeyValue {
-                key: self.string(kv.key),
-                value: kv.value.map(|v| self.value(v)),
-                ..Default::default()
+            .map(|kv| {
+                Ok(common::KeyValue {
+                    key: self.string(kv.key),
+                    value: kv.value.map(|v| self.value(v, 0)).transpose()?,
+                    ..Default::default()
+                })
             })
             .collect()
     }
 
-    fn value(&mut self, value: AnyValue) -> common::AnyValue {
+    /// An encoded `AnyValue`. Arrays and key-value lists deeper than `MAX_DECODED_DEPTH`
+    /// are left empty; the recursion is bounded by it.
+    fn value(
+        &mut self,
+        mut buf: bytes::Bytes,
+        depth: usize,
+    ) -> Result<common::AnyValue, DecodeError> {
+        use bytes::Buf as _;
         use common::any_value::Value as V;
-        common::AnyValue {
-            value: value.value.map(|v| match v {
-                Value::String(s) => V::StringValue(self.string(s)),
-                Value::Bool(b) => V::BoolValue(b),
-                Value::Int(i) => V::IntValue(i),
-                Value::Double(d) => V::DoubleValue(d),
-                Value::Bytes(b) => V::BytesValue(b),
-                Value::Array(a) => V::ArrayValue(common::ArrayValue {
-                    values: a.values.into_iter().map(|v| self.value(v)).collect(),
-                }),
-                Value::Kvlist(kv) => V::KvlistValue(common::KeyValueList {
-                    values: self.attributes(kv.values),
-                }),
-            }),
+        use prost::encoding::{DecodeContext, decode_key, skip_field};
+        let ctx = DecodeContext::default;
+        let mut value = None;
+        while buf.has_remaining() {
+            let (tag, wire) = decode_key(&mut buf)?;
+            value = match tag {
+                1 => Some(V::StringValue(
+                    self.string(delimited(wire, &mut buf)?.to_vec()),
+                )),
+                2 => {
+                    let mut b = false;
+                    prost::encoding::bool::merge(wire, &mut b, &mut buf, ctx())?;
+                    Some(V::BoolValue(b))
+                }
+                3 => {
+                    let mut i = 0i64;
+                    prost::encoding::int64::merge(wire, &mut i, &mut buf, ctx())?;
+                    Some(V::IntValue(i))
+                }
+                4 => {
+                    let mut d = 0f64;
+                    prost::encoding::double::merge(wire, &mut d, &mut buf, ctx())?;
+                    Some(V::DoubleValue(d))
+                }
+                5 => {
+                    let items = self.list(delimited(wire, &mut buf)?, depth, |text, item| {
+                        text.value(item, depth + 1)
+                    })?;
+                    Some(V::ArrayValue(common::ArrayValue { values: items }))
+                }
+                6 => {
+                    let items = self.list(delimited(wire, &mut buf)?, depth, |text, entry| {
+                        text.key_value(entry, depth + 1)
+                    })?;
+                    Some(V::KvlistValue(common::KeyValueList { values: items }))
+                }
+                7 => Some(V::BytesValue(delimited(wire, &mut buf)?.to_vec())),
+                _ => {
+                    skip_field(wire, tag, &mut buf, ctx())?;
+                    value
+                }
+            };
         }
+        Ok(common::AnyValue { value })
     }
 
-    fn span(&mut self, span: Span) -> trace::Span {
-        trace::Span {
+    /// The items (field 1) of an encoded array or key-value list at `depth`, each read by
+    /// `item`; none past `MAX_DECODED_DEPTH`.
+    fn list<T>(
+        &mut self,
+        mut buf: bytes::Bytes,
+        depth: usize,
+        mut item: impl FnMut(&mut Self, bytes::Bytes) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, DecodeError> {
+        use bytes::Buf as _;
+        use prost::encoding::{DecodeContext, decode_key, skip_field};
+        let mut items = Vec::new();
+        while depth < MAX_DECODED_DEPTH && buf.has_remaining() {
+            let (tag, wire) = decode_key(&mut buf)?;
+            if tag == 1 {
+                let bytes = delimited(wire, &mut buf)?;
+                items.push(item(self, bytes)?);
+            } else {
+                skip_field(wire, tag, &mut buf, DecodeContext::default())?;
+            }
+        }
+        Ok(items)
+    }
+
+    /// An encoded `KeyValue` inside a key-value list at `depth`.
+    fn key_value(
+        &mut self,
+        mut buf: bytes::Bytes,
+        depth: usize,
+    ) -> Result<common::KeyValue, DecodeError> {
+        use bytes::Buf as _;
+        use prost::encoding::{DecodeContext, decode_key, skip_field};
+        let mut out = common::KeyValue::default();
+        while buf.has_remaining() {
+            let (tag, wire) = decode_key(&mut buf)?;
+            match tag {
+                1 => out.key = self.string(delimited(wire, &mut buf)?.to_vec()),
+                2 => out.value = Some(self.value(delimited(wire, &mut buf)?, depth)?),
+                _ => skip_field(wire, tag, &mut buf, DecodeContext::default())?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn span(&mut self, span: Span) -> Result<trace::Span, DecodeError> {
+        let mut events = Vec::with_capacity(span.events.len());
+        for e in span.events {
+            events.push(trace::span::Event {
+                time_unix_nano: e.time_unix_nano,
+                name: self.string(e.name),
+                attributes: self.attributes(e.attributes)?,
+                ..Default::default()
+            });
+        }
+        let mut links = Vec::with_capacity(span.links.len());
+        for l in span.links {
+            links.push(trace::span::Link {
+                trace_id: l.trace_id,
+                span_id: l.span_id,
+                attributes: self.attributes(l.attributes)?,
+                ..Default::default()
+            });
+        }
+        Ok(trace::Span {
             trace_id: span.trace_id,
             span_id: span.span_id,
             parent_span_id: span.parent_span_id,
@@ -204,33 +292,15 @@ impl Text {
             kind: span.kind,
             start_time_unix_nano: span.start_time_unix_nano,
             end_time_unix_nano: span.end_time_unix_nano,
-            attributes: self.attributes(span.attributes),
-            events: span
-                .events
-                .into_iter()
-                .map(|e| trace::span::Event {
-                    time_unix_nano: e.time_unix_nano,
-                    name: self.string(e.name),
-                    attributes: self.attributes(e.attributes),
-                    ..Default::default()
-                })
-                .collect(),
-            links: span
-                .links
-                .into_iter()
-                .map(|l| trace::span::Link {
-                    trace_id: l.trace_id,
-                    span_id: l.span_id,
-                    attributes: self.attributes(l.attributes),
-                    ..Default::default()
-                })
-                .collect(),
+            attributes: self.attributes(span.attributes)?,
+            events,
+            links,
             status: span.status.map(|s| trace::Status {
                 message: self.string(s.message),
                 code: s.code,
             }),
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -244,42 +314,51 @@ pub fn decode_request(
     use prost::Message as _;
     match collector::ExportTraceServiceRequest::decode(body.clone()) {
         Ok(request) => Ok((request, false)),
-        Err(_) => ExportRequest::decode(body).map(ExportRequest::into_request),
+        Err(_) => ExportRequest::decode(body)?.into_request(),
     }
 }
 
 impl ExportRequest {
-    /// The OTLP request, and whether any text was not valid UTF-8 and was repaired.
-    pub fn into_request(self) -> (collector::ExportTraceServiceRequest, bool) {
+    /// The OTLP request, and whether any text was not valid UTF-8 and was repaired; an
+    /// error when an attribute value is not a valid `AnyValue`.
+    pub fn into_request(self) -> Result<(collector::ExportTraceServiceRequest, bool), DecodeError> {
         let mut text = Text::default();
-        let resource_spans = self
-            .resource_spans
-            .into_iter()
-            .map(|rs| trace::ResourceSpans {
-                resource: rs.resource.map(|r| resource::Resource {
-                    attributes: text.attributes(r.attributes),
+        let mut resource_spans = Vec::with_capacity(self.resource_spans.len());
+        for rs in self.resource_spans {
+            let resource = match rs.resource {
+                Some(r) => Some(resource::Resource {
+                    attributes: text.attributes(r.attributes)?,
                     ..Default::default()
                 }),
-                scope_spans: rs
-                    .scope_spans
-                    .into_iter()
-                    .map(|ss| trace::ScopeSpans {
-                        scope: ss.scope.map(|s| common::InstrumentationScope {
-                            name: text.string(s.name),
-                            version: text.string(s.version),
-                            ..Default::default()
-                        }),
-                        spans: ss.spans.into_iter().map(|s| text.span(s)).collect(),
-                        ..Default::default()
-                    })
-                    .collect(),
+                None => None,
+            };
+            let mut scope_spans = Vec::with_capacity(rs.scope_spans.len());
+            for ss in rs.scope_spans {
+                let scope = ss.scope.map(|s| common::InstrumentationScope {
+                    name: text.string(s.name),
+                    version: text.string(s.version),
+                    ..Default::default()
+                });
+                let mut spans = Vec::with_capacity(ss.spans.len());
+                for span in ss.spans {
+                    spans.push(text.span(span)?);
+                }
+                scope_spans.push(trace::ScopeSpans {
+                    scope,
+                    spans,
+                    ..Default::default()
+                });
+            }
+            resource_spans.push(trace::ResourceSpans {
+                resource,
+                scope_spans,
                 ..Default::default()
-            })
-            .collect();
-        (
+            });
+        }
+        Ok((
             collector::ExportTraceServiceRequest { resource_spans },
             text.repaired,
-        )
+        ))
     }
 }
 
@@ -323,7 +402,8 @@ mod tests {
         let bytes = original.encode_to_vec();
         let (decoded, repaired) = ExportRequest::decode(bytes.as_slice())
             .unwrap()
-            .into_request();
+            .into_request()
+            .unwrap();
         assert!(!repaired);
         assert_eq!(decoded, original);
     }
@@ -378,11 +458,78 @@ mod tests {
         );
         let (decoded, repaired) = ExportRequest::decode(forged.as_slice())
             .unwrap()
-            .into_request();
+            .into_request()
+            .unwrap();
         assert!(repaired);
         assert_eq!(
             decoded.resource_spans[0].scope_spans[0].spans[0].name,
             "ab\u{FFFD}_"
         );
+    }
+
+    /// A value `depth` arrays or key-value lists deep, around a string.
+    fn nested(depth: usize, kvlist: bool) -> common::any_value::Value {
+        use common::any_value::Value as V;
+        let mut value = V::StringValue("bottom".into());
+        for _ in 0..depth {
+            let inner = common::AnyValue { value: Some(value) };
+            value = if kvlist {
+                V::KvlistValue(common::KeyValueList {
+                    values: vec![common::KeyValue {
+                        key: "k".into(),
+                        value: Some(inner),
+                        ..Default::default()
+                    }],
+                })
+            } else {
+                V::ArrayValue(common::ArrayValue {
+                    values: vec![inner],
+                })
+            };
+        }
+        value
+    }
+
+    #[test]
+    fn values_nested_past_prosts_limit_are_cut_not_the_request_refused() {
+        let mut deep = otlp_span(1, 2, "deep");
+        deep.attributes = vec![kv("kv", nested(40, true)), kv("a", nested(60, false))];
+        let mut plain = otlp_span(1, 3, "plain");
+        plain.attributes = vec![kv("s", nested(2, true))];
+        let body = request(Some("svc"), vec![deep, plain]).encode_to_vec();
+        assert!(
+            collector::ExportTraceServiceRequest::decode(body.as_slice()).is_err(),
+            "the generated types refuse it"
+        );
+        let (decoded, repaired) = decode_request(body.into()).unwrap();
+        assert!(!repaired);
+        let out = crate::normalize::normalize(
+            decoded,
+            &crate::normalize::tests::options(),
+            crate::normalize::tests::NOW,
+        );
+        assert_eq!(out.spans.len(), 2, "both spans kept");
+        let depth_of = |mut value: &crate::model::AttrValue| {
+            let mut depth = 0;
+            loop {
+                value = match value {
+                    crate::model::AttrValue::Map(items) => &items[0].1,
+                    crate::model::AttrValue::Array(items) => &items[0],
+                    other => return (depth, other.clone()),
+                };
+                depth += 1;
+            }
+        };
+        for (_, value) in &out.spans[0].attributes {
+            let (depth, bottom) = depth_of(value);
+            assert_eq!(depth, crate::normalize::MAX_VALUE_DEPTH);
+            assert_eq!(
+                bottom,
+                crate::model::AttrValue::String(crate::normalize::CUT_VALUE.into())
+            );
+        }
+        assert!(out.spans[0].warnings[0].contains("nested deeper than 16 levels"));
+        assert!(out.spans[1].warnings.is_empty());
+        assert_eq!(depth_of(&out.spans[1].attributes[0].1).0, 2);
     }
 }
