@@ -27,7 +27,66 @@ pub type Rejection = (String, String);
 /// `None` when the body's outer structure is not an export request at all (then the
 /// request-level decoder's error is the answer).
 pub fn decode(text: &str) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)> {
-    let body: Value = serde_json::from_str(text).ok()?;
+    let depth = json_depth(text);
+    if depth > MAX_JSON_DEPTH {
+        return None;
+    }
+    if depth <= SHALLOW {
+        return decode_body(serde_json::from_str(text).ok()?);
+    }
+    // Deeper than serde_json's own limit: read without it, on a thread whose stack holds
+    // `MAX_JSON_DEPTH` levels of the recursive parser, and cut the deep values there.
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .stack_size(DEEP_STACK)
+            .spawn_scoped(scope, || {
+                let mut reader = serde_json::Deserializer::from_str(text);
+                reader.disable_recursion_limit();
+                let body = serde::Deserialize::deserialize(&mut reader).ok()?;
+                decode_body(body)
+            })
+            .ok()?
+            .join()
+            .ok()?
+    })
+}
+
+/// Bodies nested at most this deep are read with serde_json's own limit (128).
+const SHALLOW: usize = 120;
+
+/// Deeper bodies are refused whole: no exporter writes them.
+const MAX_JSON_DEPTH: usize = 2_000;
+
+/// The stack for reading a body up to `MAX_JSON_DEPTH` deep (a few hundred bytes a level).
+const DEEP_STACK: usize = 64 << 20;
+
+/// How deep arrays and objects nest in a JSON text, without parsing it.
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+fn decode_body(body: Value) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)> {
     let mut request = ExportTraceServiceRequest::default();
     let mut rejected = Vec::new();
     for resource_spans in field_array(&body, "resourceSpans")? {
@@ -207,10 +266,19 @@ fn rewrite_attributes(list: Option<&mut Value>, found: &mut Vec<NonFinite>) {
 }
 
 fn rewrite_any_value(value: &mut Value, path: &mut Vec<usize>, found: &mut Vec<NonFinite>) {
-    // Bounded by serde_json's own nesting limit on the body.
+    // Bounded by the body's depth, at most `MAX_JSON_DEPTH`.
     let Some(object) = value.as_object_mut() else {
         return;
     };
+    // Lists past the depth normalising keeps lose their items, as over protobuf
+    // (`lenient::MAX_DECODED_DEPTH`); normalising then cuts them with a warning.
+    if path.len() > crate::normalize::MAX_VALUE_DEPTH + 1 {
+        for key in ["arrayValue", "kvlistValue"] {
+            if let Some(Value::Object(list)) = object.get_mut(key) {
+                list.insert("values".into(), Value::Array(Vec::new()));
+            }
+        }
+    }
     if let Some(double) = object.get_mut("doubleValue")
         && let Some(text) = double.as_str()
         && let Ok(number) = text.trim().parse::<f64>()
@@ -345,5 +413,35 @@ mod tests {
         assert!(decode(r#"{"resourceSpans":[{"scopeSpans":[{"spans":7}]}]}"#).is_none());
         let (request, rejected) = decode("{}").unwrap();
         assert!(request.resource_spans.is_empty() && rejected.is_empty());
+    }
+
+    #[test]
+    fn a_body_nested_past_serde_jsons_limit_is_read_and_cut() {
+        let mut value = r#"{"stringValue":"bottom"}"#.to_string();
+        for _ in 0..40 {
+            value = format!(r#"{{"kvlistValue":{{"values":[{{"key":"k","value":{value}}}]}}}}"#);
+        }
+        let deep = format!(
+            r#"{{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0102030405060709","name":"deep","startTimeUnixNano":"1","endTimeUnixNano":"2","attributes":[{{"key":"d","value":{value}}}]}}"#
+        );
+        let text = body(&format!("{GOOD},{deep}"));
+        assert!(json_depth(&text) > SHALLOW);
+        let (request, rejected) = decode(&text).unwrap();
+        assert!(rejected.is_empty(), "{rejected:?}");
+        let spans = request.resource_spans[0].scope_spans[0].spans.clone();
+        assert_eq!(spans.len(), 2);
+        let out = crate::normalize::normalize(
+            request,
+            &crate::normalize::tests::options(),
+            crate::normalize::tests::NOW,
+        );
+        assert_eq!(out.spans.len(), 2);
+        assert!(out.spans[1].warnings[0].contains("nested deeper than 16 levels"));
+        assert!(decode(&"[".repeat(MAX_JSON_DEPTH + 1)).is_none());
+        assert_eq!(
+            json_depth(r#"{"a":"[[[\"{"}"#),
+            1,
+            "brackets in strings do not count"
+        );
     }
 }
