@@ -15,8 +15,7 @@
 
 use base64::Engine as _;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
-use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, span, status};
 use serde_json::Value;
 
@@ -87,72 +86,85 @@ fn json_depth(text: &str) -> usize {
 }
 
 fn decode_body(body: Value) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)> {
-    let mut request = ExportTraceServiceRequest::default();
     let mut rejected = Vec::new();
-    for resource_spans in field_array(&body, "resourceSpans")? {
-        let resource = match resource_spans.get("resource") {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(decode_part::<Resource>(value)?),
+    let Value::Object(mut top) = body else {
+        // Not an object: whatever the reference makes of it (a struct as an array).
+        return Some((serde_json::from_value(body).ok()?, rejected));
+    };
+    let items = take_array(&mut top, "resourceSpans")?;
+    let mut request: ExportTraceServiceRequest = serde_json::from_value(Value::Object(top)).ok()?;
+    for item in items {
+        let Value::Object(mut item) = item else {
+            request
+                .resource_spans
+                .push(serde_json::from_value(item).ok()?);
+            continue;
         };
-        let mut out = ResourceSpans {
-            resource,
-            ..ResourceSpans::default()
-        };
-        for scope_spans in field_array(resource_spans, "scopeSpans")? {
-            let scope = match scope_spans.get("scope") {
-                None | Some(Value::Null) => None,
-                Some(value) => Some(decode_part::<InstrumentationScope>(value)?),
+        let scopes = take_array(&mut item, "scopeSpans")?;
+        let mut out: ResourceSpans = decode_part(item, "resource")?;
+        for scope in scopes {
+            let Value::Object(mut scope) = scope else {
+                out.scope_spans.push(serde_json::from_value(scope).ok()?);
+                continue;
             };
-            let mut spans = Vec::new();
-            for value in field_array(scope_spans, "spans")? {
-                match decode_span(value) {
-                    Ok(span) => spans.push(span),
-                    Err(reason) => rejected.push((reason, describe(value))),
+            let spans = take_array(&mut scope, "spans")?;
+            let mut scope_out: ScopeSpans = decode_part(scope, "scope")?;
+            for value in spans {
+                match decode_span(&value) {
+                    Ok(span) => scope_out.spans.push(span),
+                    Err(reason) => rejected.push((reason, describe(&value))),
                 }
             }
-            out.scope_spans.push(ScopeSpans {
-                scope,
-                spans,
-                ..ScopeSpans::default()
-            });
+            out.scope_spans.push(scope_out);
         }
         request.resource_spans.push(out);
     }
     Some((request, rejected))
 }
 
-/// An array field of an object; absent or null is empty; anything else is no request.
-fn field_array<'a>(object: &'a Value, key: &str) -> Option<&'a [Value]> {
-    match object.as_object()?.get(key) {
-        None | Some(Value::Null) => Some(&[]),
+/// Takes an array member out of an object; absent or null is empty; anything else is no
+/// request.
+fn take_array(object: &mut serde_json::Map<String, Value>, key: &str) -> Option<Vec<Value>> {
+    match object.remove(key) {
+        None | Some(Value::Null) => Some(Vec::new()),
         Some(Value::Array(items)) => Some(items),
         Some(_) => None,
     }
 }
 
-/// A resource or scope, with the same rewrites as a span's attributes.
-fn decode_part<T: serde::de::DeserializeOwned + HasAttributes>(value: &Value) -> Option<T> {
-    let mut value = value.clone();
+/// A `ResourceSpans` or `ScopeSpans` without its list, decoded by the reference after the
+/// attribute rewrites of its `resource` or `scope` (`part`).
+fn decode_part<T: serde::de::DeserializeOwned + HasPart>(
+    object: serde_json::Map<String, Value>,
+    part: &str,
+) -> Option<T> {
+    let mut value = Value::Object(object);
     let mut non_finite = Vec::new();
-    rewrite_attributes(value.get_mut("attributes"), &mut non_finite);
-    let mut part: T = serde_json::from_value(value).ok()?;
-    restore_non_finite(part.attributes_mut(), &non_finite);
-    Some(part)
+    rewrite_attributes(
+        value.get_mut(part).and_then(|p| p.get_mut("attributes")),
+        &mut non_finite,
+    );
+    let mut out: T = serde_json::from_value(value).ok()?;
+    if let Some(attributes) = out.attributes_mut() {
+        restore_non_finite(attributes, &non_finite);
+    }
+    Some(out)
 }
 
-trait HasAttributes {
-    fn attributes_mut(&mut self) -> &mut Vec<KeyValue>;
+trait HasPart {
+    /// The attributes of its resource or scope, when it has one.
+    fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>>;
 }
 
-impl HasAttributes for Resource {
-    fn attributes_mut(&mut self) -> &mut Vec<KeyValue> {
-        &mut self.attributes
+impl HasPart for ResourceSpans {
+    fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
+        self.resource.as_mut().map(|r| &mut r.attributes)
     }
 }
 
-impl HasAttributes for InstrumentationScope {
-    fn attributes_mut(&mut self) -> &mut Vec<KeyValue> {
-        &mut self.attributes
+impl HasPart for ScopeSpans {
+    fn attributes_mut(&mut self) -> Option<&mut Vec<KeyValue>> {
+        self.scope.as_mut().map(|s| &mut s.attributes)
     }
 }
 

@@ -15,7 +15,9 @@
 //! integers), structs written as arrays, nesting deeper than `MAX_DEPTH`, anything that is
 //! not JSON. `decode` then runs the reference, so every body gets the reference's result and
 //! the reference's error message. A differential test (below) checks the invariant on
-//! generated, random, hand-written and mutated bodies.
+//! generated, random, hand-written and mutated bodies, and that `json_spans` (the
+//! span-by-span reader for bodies refused whole) reads every body the reference accepts
+//! exactly as the reference does.
 
 use std::borrow::Cow;
 use std::str::FromStr;
@@ -640,9 +642,32 @@ mod tests {
                         panic!("the fast path accepted what the reference refuses ({e}): {text}")
                     });
                 assert_eq!(fast, reference, "the two decoders differ on {text}");
+                read_alike_span_by_span(text, &reference);
                 true
             }
-            None => false,
+            None => {
+                if let Ok(reference) = serde_json::from_str::<ExportTraceServiceRequest>(text) {
+                    read_alike_span_by_span(text, &reference);
+                }
+                false
+            }
+        }
+    }
+
+    /// A body the reference accepts reads the same span by span, with nothing rejected
+    /// (`json_spans` only ever sees bodies refused whole, but must not read differently).
+    /// It may refuse one whole where it cannot hold the text as a `serde_json::Value` (a
+    /// number out of range under a key the reference skips).
+    fn read_alike_span_by_span(text: &str, reference: &ExportTraceServiceRequest) {
+        match crate::receive::json_spans::decode(text) {
+            Some((request, rejected)) => {
+                assert!(rejected.is_empty(), "{rejected:?} on {text}");
+                assert_eq!(&request, reference, "span by span differs on {text}");
+            }
+            None => assert!(
+                serde_json::from_str::<serde_json::Value>(text).is_err(),
+                "span by span refused what the reference reads: {text}"
+            ),
         }
     }
 
