@@ -1508,12 +1508,13 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         quiet_period: Duration::ZERO,
         analyze: AnalyzeOptions::default(),
         metrics: Default::default(),
+        memory: crate::memory::MemoryBudget::for_limit(crate::memory::DEFAULT_LIMIT),
     };
     let mut traces = 0usize;
     let mut last_report = Instant::now();
     loop {
-        let done = index_pass(store.as_ref(), &indexer).await?;
-        traces += done;
+        let pass = index_pass(store.as_ref(), &indexer).await?;
+        traces += pass.analysed;
         if last_report.elapsed() > Duration::from_secs(2) {
             eprintln!(
                 "  summarised {traces} traces ({:.0} traces/s)",
@@ -1521,7 +1522,7 @@ async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
             );
             last_report = Instant::now();
         }
-        if done == 0 {
+        if !pass.more {
             break;
         }
     }

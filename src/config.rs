@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
 use crate::ingest::WriterPriority;
+use crate::memory;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -131,6 +132,13 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_MAX_QUEUED_SPANS", default_value = "200000")]
     pub max_queued_spans: usize,
 
+    /// Memory the process aims to stay within (e.g. 512MiB, 2GiB; at least 256MiB). 128 MiB
+    /// of it is kept for fixed costs; export requests, from their first byte until their
+    /// spans are committed, and the background analyzer share the rest: past it exporters
+    /// are told to retry and the analyzer works in smaller passes.
+    #[arg(long, env = "BUDGETSCOPE_MEMORY_LIMIT", default_value = "512MiB")]
+    pub memory_limit: String,
+
     /// How the SQLite ingest writer thread is scheduled. realtime (SCHED_RR, priority 1)
     /// lets it commit as soon as it has work instead of waiting behind request handling for
     /// a core, and steps it down to normal priority while SQLite's checkpointer catches up
@@ -203,6 +211,8 @@ pub struct ServeConfig {
     pub quiet_period: Duration,
     pub cors_origins: Vec<HeaderValue>,
     pub max_queued_spans: usize,
+    /// Bytes; see `memory::MemoryBudget::for_limit`.
+    pub memory_limit: u64,
     pub max_connections: usize,
     pub writer_priority: WriterPriority,
     pub rules: Option<std::path::PathBuf>,
@@ -374,6 +384,34 @@ impl ServeArgs {
                 "expected at least 1",
             ));
         }
+        let memory_limit = parse_size(&self.memory_limit)
+            .map(|n| n as u64)
+            .filter(|n| *n >= memory::MIN_LIMIT)
+            .ok_or_else(|| {
+                invalid(
+                    "memory-limit",
+                    "BUDGETSCOPE_MEMORY_LIMIT",
+                    &self.memory_limit,
+                    "expected a size of at least 256MiB, e.g. 512MiB or 2GiB",
+                )
+            })?;
+        // The largest request must fit in what requests may take.
+        let largest_request = max_request_bytes as u64 * memory::REQUEST_BYTES_PER_BODY_BYTE;
+        if largest_request > memory::MemoryBudget::for_limit(memory_limit).pool() {
+            return Err(invalid(
+                "memory-limit",
+                "BUDGETSCOPE_MEMORY_LIMIT",
+                &self.memory_limit,
+                format!(
+                    "too small for requests of --max-request-bytes {}: a request takes up to \
+                     {} times its size while it is decoded, and what --memory-limit leaves \
+                     after 128 MiB of fixed costs must hold one; raise --memory-limit or lower \
+                     --max-request-bytes",
+                    self.max_request_bytes,
+                    memory::REQUEST_BYTES_PER_BODY_BYTE
+                ),
+            ));
+        }
         let http_addr = addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?;
         Ok(ServeConfig {
             otlp_grpc_addr: addr(
@@ -395,6 +433,7 @@ impl ServeArgs {
             quiet_period,
             cors_origins,
             max_queued_spans: self.max_queued_spans,
+            memory_limit,
             max_connections: self.max_connections,
             writer_priority: self.writer_priority,
             rules: self.rules.clone(),
@@ -505,6 +544,7 @@ mod tests {
         assert_eq!(config.http_addr.to_string(), "127.0.0.1:8080");
         assert_eq!(config.db, DbUrl::Sqlite("sqlite://budgetscope.db".into()));
         assert_eq!(config.max_request_bytes, 20 << 20);
+        assert_eq!(config.memory_limit, 512 << 20);
         assert_eq!(config.retention, Duration::from_secs(7 * 86400));
         assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
         assert!(config.cors_origins.is_empty());
@@ -529,6 +569,14 @@ mod tests {
                 "invalid --db (env BUDGETSCOPE_DB)",
             ),
             (vec!["--db", "sqlite://"], "sqlite URL names no file"),
+            (
+                vec!["--memory-limit", "100MiB"],
+                "invalid --memory-limit (env BUDGETSCOPE_MEMORY_LIMIT) \"100MiB\": expected a size of at least 256MiB",
+            ),
+            (
+                vec!["--memory-limit", "256MiB", "--max-request-bytes", "1GiB"],
+                "raise --memory-limit or lower --max-request-bytes",
+            ),
             (
                 vec!["--max-request-bytes", "20XB"],
                 "invalid --max-request-bytes",

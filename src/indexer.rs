@@ -17,11 +17,13 @@ use crate::analyze::hops::samples;
 use crate::analyze::summary::summarize;
 use crate::analyze::{AnalyzeOptions, analyze};
 use crate::ingest::Ingestor;
+use crate::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
 use crate::metrics::Metrics;
 use crate::model::{Span, TraceId};
 use crate::store::{Store, StoreError};
 
-/// Traces analysed per pass (one transaction of summaries).
+/// Traces analysed per pass (one transaction of summaries), at most: fewer when their
+/// spans do not fit in the pass's share of the memory budget.
 const PASS_SIZE: u32 = 200;
 
 #[derive(Debug, Clone)]
@@ -30,6 +32,8 @@ pub struct IndexerOptions {
     pub analyze: AnalyzeOptions,
     /// Receives the rollup changes each pass writes (`/metrics`).
     pub metrics: Arc<Metrics>,
+    /// Each pass reserves its working memory here (`MemoryBudget::reserve_pass`).
+    pub memory: Arc<MemoryBudget>,
 }
 
 /// While ingest is backlogged, the analyzer rests this many times as long as its last pass
@@ -75,9 +79,9 @@ pub async fn index_quiet_traces(
     let mut done = 0;
     while !stop.is_cancelled() {
         let started = Instant::now();
-        let analysed = index_pass(store, options).await?;
-        done += analysed;
-        if analysed < PASS_SIZE as usize {
+        let pass = index_pass(store, options).await?;
+        done += pass.analysed;
+        if !pass.more {
             break;
         }
         if backlogged() {
@@ -91,25 +95,50 @@ pub async fn index_quiet_traces(
     Ok(done)
 }
 
-/// One pass: summarises up to `PASS_SIZE` quiet traces in one transaction; returns how many.
-pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<usize, StoreError> {
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Traces summarised (or found deleted).
+    pub analysed: usize,
+    /// Whether more traces may be quiet now.
+    pub more: bool,
+}
+
+/// One pass: summarises up to `PASS_SIZE` quiet traces in one transaction, as many as fit
+/// in the memory the budget gives the pass (at least one).
+pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<Pass, StoreError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let cutoff = now.saturating_sub(options.quiet_period.as_nanos() as u64);
-    let marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
+    let mut marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
     if marks.is_empty() {
-        return Ok(0);
+        return Ok(Pass {
+            analysed: 0,
+            more: false,
+        });
     }
+    let full_page = marks.len() >= PASS_SIZE as usize;
     // A trace marked by several commits comes with each of its marks.
     let mut ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     ids.dedup();
-    let spans = store.traces(&ids).await?;
+    let mut memory = options.memory.reserve_pass();
+    let max_bytes = memory.bytes() / PASS_BYTES_PER_ROW_BYTE;
+    let (spans, bytes) = store.traces_within(&ids, max_bytes).await?;
+    memory.set(bytes * PASS_BYTES_PER_ROW_BYTE);
+    // Traces are read in id order: when the reading stopped at the limit, traces after
+    // the last one read wait for the next pass; the ones up to it without spans were
+    // deleted by retention since they were marked (no summary; their marks are cleared).
+    let stopped = bytes >= max_bytes;
+    let last_read = spans.iter().map(|s| s.trace_id).max();
+    if stopped && let Some(last) = last_read {
+        ids.retain(|id| *id <= last);
+        marks.retain(|(id, _)| *id <= last);
+    }
     let analyze_options = options.analyze.clone();
-    // One blocking task for the pass: group by trace, analyse, summarise. A trace deleted
-    // by retention since it was marked has no spans and no summary; its mark is cleared.
+    // One blocking task for the pass: group by trace, analyse, summarise.
     let summaries = tokio::task::spawn_blocking(move || {
         let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
         for span in spans {
@@ -127,10 +156,14 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<u
     .await
     .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
     let deltas = store.write_summaries(&summaries, &marks).await?;
+    drop(memory);
     options.metrics.record_rollups(&deltas);
     options
         .metrics
         .traces_analysed
         .inc_by(summaries.len() as u64);
-    Ok(ids.len())
+    Ok(Pass {
+        analysed: ids.len(),
+        more: full_page || stopped,
+    })
 }

@@ -55,6 +55,8 @@ pub enum WriterPriority {
 pub enum IngestError {
     #[error("ingest queue is full")]
     Overloaded,
+    #[error("memory budget is full")]
+    MemoryFull,
     #[error("store unavailable")]
     Unavailable,
     #[error("shutting down")]

@@ -15,6 +15,7 @@ pub mod export;
 pub mod indexer;
 pub mod ingest;
 pub mod listen;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod normalize;

@@ -16,6 +16,24 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options (its `malloc_conf`, under tikv-jemalloc-sys's `_rjem_` prefix):
+/// freed pages go back to the OS within a second instead of ten, so the process's RSS
+/// follows the live bytes that `--memory-limit` accounts rather than the last ten
+/// seconds' peak (BENCHMARKS.md, "Memory"). `_RJEM_MALLOC_CONF` still overrides them.
+#[cfg(not(target_env = "msvc"))]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_OPTIONS: JemallocOptions =
+    JemallocOptions(c"dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr());
+
+/// A `const char *` that C reads; the string is static and never written.
+#[cfg(not(target_env = "msvc"))]
+#[repr(transparent)]
+struct JemallocOptions(*const std::ffi::c_char);
+
+#[cfg(not(target_env = "msvc"))]
+// SAFETY: the pointer is to a static, immutable C string.
+unsafe impl Sync for JemallocOptions {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -20,6 +20,7 @@ use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor, WriterPriority};
 use crate::listen::{self, Limits};
+use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
@@ -85,12 +86,14 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         &ingest_options(&config.db, config.max_queued_spans, config.writer_priority),
     );
     let metrics = Arc::new(Metrics::default());
+    let memory = MemoryBudget::for_limit(config.memory_limit);
     let receiver = Receiver::new(
         ingestor.clone(),
         NormalizeOptions {
             budget_keys: config.budget_keys.clone(),
         },
         metrics.clone(),
+        memory.clone(),
     );
 
     let bind = |addr: SocketAddr, flag: &'static str| async move {
@@ -176,6 +179,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                     tolerance_ms: config.tolerance_ms,
                 },
                 metrics: metrics.clone(),
+                memory,
             },
             ingestor.clone(),
             stop_background.clone(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use budgetscope::analyze::AnalyzeOptions;
 use budgetscope::indexer::{IndexerOptions, index_pass};
+use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{TestDb, checkout_a_minute_ago, oneshot};
@@ -48,8 +49,12 @@ async fn trace_search_and_hops_through_the_router() {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
+            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         };
-        assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
+        assert_eq!(
+            index_pass(store.as_ref(), &options).await.unwrap().analysed,
+            1
+        );
         let (_, found) = get(
             &state,
             "/api/traces?flag=inflated&outcome=exceeded&attr=deadline.remaining_ms%3E%3D5000",

@@ -131,6 +131,90 @@ async fn a_full_queue_refuses_with_retry_hints_and_loses_nothing_it_accepted() {
     server.shutdown().await;
 }
 
+/// Bodies whose length is declared and never sent hold the memory budget (pool 128 MiB at
+/// `--memory-limit 256MiB`): every further request over either transport is refused with a
+/// retry hint before it is decoded, and once the held requests go away the retry is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_memory_budget_refuses_with_retry_hints_and_recovers() {
+    use tokio::io::AsyncWriteExt as _;
+    let db = TestDb::sqlite();
+    let server = start(&db, &["--memory-limit", "256MiB"]).await;
+    let addr = server.otlp_http_addr;
+    let mut held = Vec::new();
+    for mib in [20u64, 20, 20, 20, 20, 20, 8] {
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\n\
+             Content-Length: {}\r\n\r\n",
+            mib << 20
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        held.push(socket);
+    }
+    let client = reqwest::Client::new();
+    let body = request(1, 5).encode_to_vec();
+    // The held requests reserve their declared length as soon as their headers are read.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (retry_after, text) = loop {
+        let response = post(&client, addr, body.clone()).await;
+        if response.status() == 503 {
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            break (retry_after, response.text().await.unwrap());
+        }
+        assert_eq!(response.status(), 200, "before the budget filled up");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the budget never filled up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert!(text.contains("memory limit (--memory-limit)"), "{text}");
+    // A refused body larger than the sockets' buffers is read to its end, so its client
+    // gets the refusal rather than a broken pipe.
+    let large = client
+        .post(format!("http://{addr}/v1/traces"))
+        .header("content-type", "application/x-protobuf")
+        .body(vec![0u8; 16 << 20])
+        .send()
+        .await
+        .expect("the refusal of a large body is an answer, not a broken connection");
+    assert_eq!(large.status(), 503);
+
+    let mut grpc = TraceServiceClient::connect(format!("http://{}", server.otlp_grpc_addr))
+        .await
+        .unwrap();
+    let status = grpc.export(request(2, 5)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("--memory-limit"), "{status:?}");
+    assert_eq!(
+        status.get_details_retry_info().and_then(|r| r.retry_delay),
+        Some(Duration::from_secs(1))
+    );
+    assert_eq!(get_json(&server, &trace_path(2)).await.0, 404);
+
+    // The held requests end (their clients went away) and give their memory back.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match grpc.export(request(2, 5)).await {
+            Ok(_) => break,
+            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the memory never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get_json(&server, &trace_path(2)).await.0, 200);
+    assert_eq!(post(&client, addr, body).await.status(), 200);
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_store_answers_503_and_the_retry_is_stored() {
     for db in TestDb::all().await {

@@ -212,6 +212,7 @@ edge server "GET /" 0 300 budget=800
 async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
     use budgetscope::analyze::AnalyzeOptions;
     use budgetscope::indexer::{IndexerOptions, index_quiet_traces};
+    use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
     use tokio_util::sync::CancellationToken;
 
     for db in TestDb::all().await {
@@ -225,6 +226,7 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
+            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         };
         let always_backlogged = || true;
         let stop = CancellationToken::new();
@@ -236,5 +238,54 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
             .await
             .unwrap();
         assert_eq!(again, 0, "{}: nothing left to summarise", db.backend);
+    }
+}
+
+/// With the memory budget held by ingest, the analyzer still works, in passes as small as
+/// its minimum share: traces larger than that are summarised a few at a time, all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
+    use budgetscope::analyze::AnalyzeOptions;
+    use budgetscope::indexer::{IndexerOptions, index_pass};
+    use budgetscope::memory::{MIN_PASS, MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
+
+    for db in TestDb::all().await {
+        let store = budgetscope::store::open(&db.url).await.unwrap();
+        // 20 one-span traces of ~200 KB each: 4 MB of rows, where a pass of MIN_PASS
+        // reads about 0.8 MB.
+        let mut spans = common::bulk_spans(1, 1 << 120, &"x".repeat(200_000));
+        spans.truncate(20);
+        store.write_spans(&spans).await.unwrap();
+        let memory = MemoryBudget::with_pool(64 << 20);
+        let mut ingest = memory.empty();
+        assert!(ingest.try_grow_to(64 << 20), "ingest holds the whole pool");
+        let options = IndexerOptions {
+            quiet_period: Duration::ZERO,
+            analyze: AnalyzeOptions::default(),
+            metrics: Default::default(),
+            memory: memory.clone(),
+        };
+        let mut passes = Vec::new();
+        loop {
+            let pass = index_pass(store.as_ref(), &options).await.unwrap();
+            assert_eq!(memory.used(), 64 << 20, "a pass gives its memory back");
+            passes.push(pass.analysed);
+            if !pass.more {
+                break;
+            }
+            assert!(passes.len() < 40, "{}: no progress: {passes:?}", db.backend);
+        }
+        assert_eq!(
+            passes.iter().sum::<usize>(),
+            20,
+            "{}: every trace summarised once: {passes:?}",
+            db.backend
+        );
+        assert!(
+            passes[0] > 0
+                && passes[0] <= (MIN_PASS / PASS_BYTES_PER_ROW_BYTE / 200_000 + 1) as usize,
+            "{}: the first pass fits its share: {passes:?}",
+            db.backend
+        );
     }
 }

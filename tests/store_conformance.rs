@@ -136,6 +136,50 @@ async fn trace_returns_only_its_spans_in_start_order() {
 }
 
 #[tokio::test]
+async fn traces_within_reads_whole_traces_in_id_order_up_to_the_byte_limit() {
+    on_every_store(|store, backend| async move {
+        let mut spans = Vec::new();
+        for trace in [3u8, 1, 2] {
+            for id in 1..=3 {
+                spans.push(span(trace, id, (id > 1).then_some(1), "svc", "op", 1_000));
+            }
+        }
+        store.write_spans(&spans).await.unwrap();
+        let ids = [
+            TraceId([3; 16]),
+            TraceId([1; 16]),
+            TraceId([2; 16]),
+            TraceId([9; 16]),
+        ];
+        let traces_of = |spans: &[Span]| {
+            let mut traces: Vec<u8> = spans.iter().map(|s| s.trace_id.0[0]).collect();
+            traces.dedup();
+            traces
+        };
+
+        let (all, bytes) = store.traces_within(&ids, u64::MAX).await.unwrap();
+        assert_eq!(traces_of(&all), [1, 2, 3], "{backend}: id order");
+        assert_eq!(all.len(), 9, "{backend}");
+        let per_trace = bytes / 3;
+        assert!(per_trace > 100, "{backend}: {bytes} bytes counted");
+
+        let (one, one_bytes) = store.traces_within(&ids, 1).await.unwrap();
+        assert_eq!(traces_of(&one), [1], "{backend}: at least one whole trace");
+        assert_eq!(one.len(), 3, "{backend}");
+        assert_eq!(one_bytes, per_trace, "{backend}");
+
+        let (two, _) = store.traces_within(&ids, per_trace + 1).await.unwrap();
+        assert_eq!(
+            traces_of(&two),
+            [1, 2],
+            "{backend}: stops at the first trace boundary past the limit"
+        );
+        assert_eq!(two.len(), 6, "{backend}");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn services_and_operations_are_listed_sorted_and_distinct() {
     on_every_store(|store, backend| async move {
         let mut client = span(1, 3, Some(1), "checkout", "GET /stock", 2_000);

@@ -9,6 +9,7 @@ use axum::http::{StatusCode, header};
 use budgetscope::analyze::AnalyzeOptions;
 use budgetscope::analyze::fixture::parse;
 use budgetscope::indexer::{IndexerOptions, index_pass};
+use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{
@@ -55,8 +56,12 @@ async fn every_page_shows_the_budget_story() {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
+            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         };
-        assert_eq!(index_pass(store.as_ref(), &options).await.unwrap(), 1);
+        assert_eq!(
+            index_pass(store.as_ref(), &options).await.unwrap().analysed,
+            1
+        );
         let id = spans[0].trace_id.to_hex();
         let inventory = spans[2].span_id.to_hex();
 

@@ -9,11 +9,13 @@
 //! specification: permanent failures never carry a code exporters retry. A request over
 //! `max_request_bytes` (before or after gzip) is refused with INVALID_ARGUMENT before it is
 //! decoded (tonic's OUT_OF_RANGE and RESOURCE_EXHAUSTED are both retryable), a body that
-//! does not decode with INVALID_ARGUMENT, and spans the store cannot take now with
+//! does not decode with INVALID_ARGUMENT, and spans the store (or the memory budget,
+//! checked as each body frame arrives and before decoding) cannot take now with
 //! UNAVAILABLE and a retry delay.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -26,7 +28,8 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::http::LOSSY_UTF8_WARNING;
 use super::lenient::decode_request;
-use super::{RETRY_AFTER, Receiver, refusal_message};
+use super::{BodyMemory, RETRY_AFTER, Receiver, refusal_message};
+use crate::ingest::IngestError;
 
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
 
@@ -48,15 +51,87 @@ impl tonic::server::NamedService for GrpcReceiver {
     const NAME: &'static str = "opentelemetry.proto.collector.trace.v1.TraceService";
 }
 
-struct Export(Arc<Receiver>);
+/// The export service of one request, holding the request's memory until it is answered.
+struct Export(Arc<Receiver>, Memory);
+
+/// A request's share of the memory budget, grown by its body (`Reserving`) and its
+/// decoder, and held until its spans are committed.
+type Memory = Arc<Mutex<BodyMemory>>;
+
+/// The refusal of a request the memory budget has no room for (retryable).
+fn memory_refusal() -> Status {
+    Status::with_error_details(
+        Code::Unavailable,
+        refusal_message(&IngestError::MemoryFull),
+        ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
+    )
+}
+
+/// A request body that accounts each frame in the request's memory as it arrives, and
+/// ends the request with `memory_refusal` (which tonic answers as it is) when the budget
+/// has no room, so the rest is never read.
+struct Reserving<B> {
+    body: Pin<Box<B>>,
+    memory: Memory,
+}
+
+impl<B> http_body::Body for Reserving<B>
+where
+    B: http_body::Body,
+    B::Error: Into<StdError>,
+{
+    type Data = B::Data;
+    type Error = StdError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, StdError>>> {
+        use bytes::Buf as _;
+        let frame = match std::task::ready!(self.body.as_mut().poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => return Poll::Ready(Some(Err(error.into()))),
+            None => return Poll::Ready(None),
+        };
+        if let Some(data) = frame.data_ref() {
+            let received = lock(&self.memory).received(data.remaining());
+            if received.is_err() {
+                return Poll::Ready(Some(Err(memory_refusal().into())));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+fn lock(memory: &Memory) -> std::sync::MutexGuard<'_, BodyMemory> {
+    // The guarded value stays consistent even if a holder panicked.
+    memory
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// An export request as `lenient::decode_request` returns it.
 type Decoded = (ExportTraceServiceRequest, bool);
 
-/// tonic's prost codec, decoding with `lenient::decode_request`.
-struct ExportCodec;
+/// tonic's prost codec, decoding with `lenient::decode_request` once the request's memory
+/// has room for the decoded message.
+struct ExportCodec {
+    memory: Memory,
+    compressed: bool,
+}
 
-struct ExportDecoder;
+struct ExportDecoder {
+    memory: Memory,
+    compressed: bool,
+}
 
 impl tonic::codec::Codec for ExportCodec {
     type Encode = ExportTraceServiceResponse;
@@ -69,7 +144,10 @@ impl tonic::codec::Codec for ExportCodec {
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ExportDecoder
+        ExportDecoder {
+            memory: self.memory.clone(),
+            compressed: self.compressed,
+        }
     }
 }
 
@@ -79,6 +157,9 @@ impl tonic::codec::Decoder for ExportDecoder {
 
     fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Decoded>, Status> {
         use bytes::Buf as _;
+        lock(&self.memory)
+            .decoding(buf.remaining(), self.compressed)
+            .map_err(|_| memory_refusal())?;
         // The message's bytes, without a copy (the buffer is tonic's `BytesMut`).
         let body = buf.copy_to_bytes(buf.remaining());
         // Permanent: the same bytes never decode.
@@ -96,7 +177,9 @@ impl tonic::server::UnaryService<Decoded> for Export {
 
     fn call(&mut self, request: Request<Decoded>) -> Self::Future {
         let receiver = self.0.clone();
+        let memory = self.1.clone();
         Box::pin(async move {
+            let _memory = memory;
             let (request, repaired) = request.into_inner();
             match receiver
                 .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
@@ -137,10 +220,22 @@ where
         }
         let mut gzip = EnabledCompressionEncodings::default();
         gzip.enable(CompressionEncoding::Gzip);
-        let mut grpc = tonic::server::Grpc::new(ExportCodec)
-            .apply_compression_config(gzip, gzip)
-            .apply_max_message_size_config(Some(self.max_request_bytes), None);
-        let export = Export(self.receiver.clone());
+        let memory: Memory = Arc::new(Mutex::new(self.receiver.body_memory()));
+        let compressed = request
+            .headers()
+            .get("grpc-encoding")
+            .is_some_and(|encoding| encoding != "identity");
+        let mut grpc = tonic::server::Grpc::new(ExportCodec {
+            memory: memory.clone(),
+            compressed,
+        })
+        .apply_compression_config(gzip, gzip)
+        .apply_max_message_size_config(Some(self.max_request_bytes), None);
+        let export = Export(self.receiver.clone(), memory.clone());
+        let request = request.map(|body| Reserving {
+            body: Box::pin(body),
+            memory,
+        });
         let limit = self.max_request_bytes;
         Box::pin(async move {
             Ok(permanent_size_refusal(

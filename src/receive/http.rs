@@ -16,6 +16,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use bytes::BytesMut;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
@@ -23,6 +24,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::lenient::decode_request;
 use super::{Accepted, RETRY_AFTER, Receiver, Rejection, refusal_message};
+use crate::ingest::IngestError;
 
 /// gRPC status codes used in `google.rpc.Status` bodies.
 const INVALID_ARGUMENT: i32 = 3;
@@ -166,7 +168,19 @@ async fn export_inner(
             ),
         )
     };
-    // A declared length over the limit is refused before any of the body is read.
+    // A refusal before or after the writer: the store cannot take the spans now.
+    let refused = move |error: IngestError| {
+        let mut refusal = OtlpHttpError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            UNAVAILABLE,
+            format,
+            refusal_message(&error),
+        );
+        refusal.retry_after = true;
+        refusal
+    };
+    // A declared length over the limit is refused before any of the body is read, and a
+    // body the memory budget has no room for before more of it is read.
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -174,46 +188,76 @@ async fn export_inner(
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(too_large(" (its Content-Length)"));
     }
-    let raw = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-            return Err(too_large(""));
+    let mut memory = state.receiver.body_memory();
+    let mut body = Limited::new(body, limit);
+    if let Err(error) = memory.declared(declared.unwrap_or(0)) {
+        discard(&mut body).await;
+        return Err(refused(error));
+    }
+    let mut raw = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(frame) = body.frame().await {
+        let data = match frame {
+            Ok(frame) => frame.into_data().unwrap_or_default(),
+            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(too_large(""));
+            }
+            Err(error) => {
+                return Err(OtlpHttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    INVALID_ARGUMENT,
+                    format,
+                    format!("could not read the request body: {error}"),
+                ));
+            }
+        };
+        if let Err(error) = memory.received(data.len()) {
+            drop(raw);
+            discard(&mut body).await;
+            return Err(refused(error));
         }
-        Err(error) => {
-            return Err(OtlpHttpError::new(
-                StatusCode::BAD_REQUEST,
-                INVALID_ARGUMENT,
-                format,
-                format!("could not read the request body: {error}"),
-            ));
-        }
-    };
+        raw.extend_from_slice(&data);
+    }
+    let raw = raw.freeze();
     // Decompressing, decoding, normalising and encoding are CPU work: one task on the
     // blocking pool, off the async workers, on one thread from body to rows.
     let receiver = state.receiver.clone();
-    let prepared = tokio::task::spawn_blocking(move || {
+    let (prepared, memory) = tokio::task::spawn_blocking(move || {
         let body: Bytes = if gzip {
+            // Decompressed a step at a time, each step's buffer accounted before the next.
             let mut out = Vec::new();
-            flate2::read::MultiGzDecoder::new(&raw[..])
-                .take(limit as u64 + 1)
-                .read_to_end(&mut out)
-                .map_err(|e| {
-                    OtlpHttpError::new(
-                        StatusCode::BAD_REQUEST,
-                        INVALID_ARGUMENT,
-                        format,
-                        format!("Content-Encoding is gzip but the body does not gunzip: {e}"),
-                    )
-                })?;
-            if out.len() > limit {
-                return Err(too_large(" after gzip decompression"));
+            let mut gunzip = flate2::read::MultiGzDecoder::new(&raw[..]).take(limit as u64 + 1);
+            loop {
+                let read = (&mut gunzip)
+                    .take(GUNZIP_STEP)
+                    .read_to_end(&mut out)
+                    .map_err(|e| {
+                        OtlpHttpError::new(
+                            StatusCode::BAD_REQUEST,
+                            INVALID_ARGUMENT,
+                            format,
+                            format!("Content-Encoding is gzip but the body does not gunzip: {e}"),
+                        )
+                    })?;
+                if out.len() > limit {
+                    return Err(too_large(" after gzip decompression"));
+                }
+                if read == 0 {
+                    break;
+                }
+                memory.decompressing(out.capacity()).map_err(refused)?;
+                out.reserve(GUNZIP_STEP as usize);
+                memory.decompressing(out.capacity()).map_err(refused)?;
             }
             out.into()
         } else {
             raw
         };
+        memory.decoding(body.len(), gzip).map_err(refused)?;
         let (request, lossy, rejected) = decode(body, format)?;
-        Ok(receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected))
+        Ok((
+            receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected),
+            memory,
+        ))
     })
     .await
     .map_err(|_| {
@@ -224,24 +268,24 @@ async fn export_inner(
             "decoding was interrupted; retry",
         )
     })??;
-    // A refusal before or after the writer: the store cannot take the spans now.
-    let refused = |error: crate::ingest::IngestError| {
-        let mut refusal = OtlpHttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            UNAVAILABLE,
-            format,
-            refusal_message(&error),
-        );
-        refusal.retry_after = true;
-        refusal
-    };
     let accepted = state
         .receiver
         .commit(prepared.map_err(refused)?)
         .await
         .map_err(refused)?;
+    drop(memory);
     Ok((format, accepted))
 }
+
+/// Reads the rest of a refused request's body without keeping it, so that an HTTP/1.1
+/// client still writing it reads the refusal instead of a broken pipe (which exporters
+/// report as a failure of the connection, not as "retry later").
+async fn discard(body: &mut Limited<Body>) {
+    while let Some(Ok(_)) = body.frame().await {}
+}
+
+/// A gzip body is decompressed this many bytes at a time (its buffer accounted each step).
+const GUNZIP_STEP: u64 = 1 << 20;
 
 /// The warning put on spans of a JSON body that was not valid UTF-8.
 pub const LOSSY_UTF8_WARNING: &str =

@@ -20,6 +20,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 
 use crate::ingest::{Admission, IngestError, Ingestor};
+use crate::memory::{MemoryBudget, REQUEST_BYTES_PER_BODY_BYTE, Reservation};
 use crate::metrics::Metrics;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::store::EncodedBatch;
@@ -58,6 +59,7 @@ pub struct Receiver {
     ingestor: Arc<Ingestor>,
     options: NormalizeOptions,
     metrics: Arc<Metrics>,
+    memory: Arc<MemoryBudget>,
 }
 
 impl Receiver {
@@ -65,12 +67,23 @@ impl Receiver {
         ingestor: Arc<Ingestor>,
         options: NormalizeOptions,
         metrics: Arc<Metrics>,
+        memory: Arc<MemoryBudget>,
     ) -> Arc<Receiver> {
         Arc::new(Receiver {
             ingestor,
             options,
             metrics,
+            memory,
         })
+    }
+
+    /// A request's memory, reserved as its body arrives (`BodyMemory`) and held until its
+    /// spans are committed.
+    pub fn body_memory(&self) -> BodyMemory {
+        BodyMemory {
+            reservation: self.memory.empty(),
+            read: 0,
+        }
     }
 
     /// Normalises, validates and commits one export request. `warning`, when given, is a
@@ -150,6 +163,52 @@ impl Receiver {
     }
 }
 
+/// A request's share of the memory budget, grown as its body arrives and when the body is
+/// decompressed. A transport refuses the request (retryably, `IngestError::MemoryFull`)
+/// the moment the budget has no room for it, before reading more.
+pub struct BodyMemory {
+    reservation: Reservation,
+    /// Body bytes received so far, as sent.
+    read: u64,
+}
+
+impl BodyMemory {
+    /// Accounts `bytes` more of the body as received.
+    pub fn received(&mut self, bytes: usize) -> Result<(), IngestError> {
+        self.read += bytes as u64;
+        self.grow_to(self.read)
+    }
+
+    /// Accounts a body whose length is declared, before it is read.
+    pub fn declared(&mut self, bytes: u64) -> Result<(), IngestError> {
+        self.grow_to(bytes)
+    }
+
+    /// Accounts a decompression buffer of `capacity` bytes, beside the received bytes.
+    pub fn decompressing(&mut self, capacity: usize) -> Result<(), IngestError> {
+        self.grow_to(self.read + capacity as u64)
+    }
+
+    /// Accounts the message about to be decoded, `bytes` long after decompression (the
+    /// received bytes count once more when they were compressed, as both are held).
+    pub fn decoding(&mut self, bytes: usize, compressed: bool) -> Result<(), IngestError> {
+        let message = bytes as u64 * REQUEST_BYTES_PER_BODY_BYTE;
+        self.grow_to(if compressed {
+            message + self.read
+        } else {
+            message
+        })
+    }
+
+    fn grow_to(&mut self, bytes: u64) -> Result<(), IngestError> {
+        if self.reservation.try_grow_to(bytes) {
+            Ok(())
+        } else {
+            Err(IngestError::MemoryFull)
+        }
+    }
+}
+
 /// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (no batch
 /// when the request held no valid spans), and what its answer says of rejected spans.
 pub struct Prepared(Option<(Admission, EncodedBatch)>, Accepted);
@@ -189,6 +248,9 @@ pub fn refusal_message(error: &IngestError) -> &'static str {
     match error {
         IngestError::Overloaded => {
             "budgetscope is at its ingest limit (--max-queued-spans); retry after the delay given"
+        }
+        IngestError::MemoryFull => {
+            "budgetscope is at its memory limit (--memory-limit); retry after the delay given"
         }
         IngestError::Unavailable => {
             "budgetscope's database is unavailable; retry after the delay given"

@@ -83,8 +83,17 @@ pub trait Store: AlertStore + Send + Sync + 'static {
     /// All spans of a trace, ordered by start time; empty when unknown.
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError>;
 
-    /// All spans of several traces (for the background analyzer), in no particular order.
+    /// All spans of several traces, in no particular order.
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError>;
+
+    /// Spans of whole traces among `trace_ids`, read in trace-id order until the text of
+    /// their rows passes `max_bytes` (always at least one trace), and the bytes read: the
+    /// background analyzer's pass, bounded by its share of the memory budget.
+    async fn traces_within(
+        &self,
+        trace_ids: &[TraceId],
+        max_bytes: u64,
+    ) -> Result<(Vec<Span>, u64), StoreError>;
 
     /// Service names, sorted.
     async fn services(&self) -> Result<Vec<String>, StoreError>;
@@ -390,6 +399,20 @@ pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, servic
      attributes, resource, details";
 
 impl StoredRow {
+    /// The row's size as read: its ids and text.
+    fn text_bytes(&self) -> u64 {
+        (self.trace_id.len()
+            + self.span_id.len()
+            + 8
+            + self.service.len()
+            + self.name.len()
+            + self.status_message.len()
+            + self.budget_source.as_ref().map_or(0, String::len)
+            + self.attributes.len()
+            + self.resource.len()
+            + self.details.len()) as u64
+    }
+
     pub fn decode(self) -> Result<Span, StoreError> {
         let corrupt =
             |what: &str, e: &dyn std::fmt::Display| StoreError::Corrupt(format!("{what}: {e}"));
@@ -430,6 +453,44 @@ impl StoredRow {
             },
             warnings,
         })
+    }
+}
+
+/// `Store::traces_within`'s rule, for rows in trace-id order: whole traces, until the rows'
+/// text passes the limit.
+pub(crate) struct Within {
+    spans: Vec<Span>,
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl Within {
+    pub fn new(max_bytes: u64) -> Within {
+        Within {
+            spans: Vec::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// Takes the next row; false, without taking it, when the limit is spent and the row
+    /// starts another trace (stop reading).
+    pub fn push(&mut self, row: StoredRow) -> Result<bool, StoreError> {
+        if self.bytes >= self.max_bytes
+            && self
+                .spans
+                .last()
+                .is_some_and(|last| last.trace_id.0[..] != row.trace_id[..])
+        {
+            return Ok(false);
+        }
+        self.bytes += row.text_bytes();
+        self.spans.push(row.decode()?);
+        Ok(true)
+    }
+
+    pub fn finish(self) -> (Vec<Span>, u64) {
+        (self.spans, self.bytes)
     }
 }
 

@@ -12,8 +12,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
-    decode_operations, decode_rows,
+    Within, decode_operations, decode_rows,
 };
+use futures_util::TryStreamExt as _;
 use sqlx::{Postgres, QueryBuilder};
 
 use super::query::{
@@ -351,6 +352,26 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         decode_rows(rows)
+    }
+
+    async fn traces_within(
+        &self,
+        trace_ids: &[TraceId],
+        max_bytes: u64,
+    ) -> Result<(Vec<Span>, u64), StoreError> {
+        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
+        let query =
+            format!("SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = ANY($1) ORDER BY trace_id");
+        let mut rows = sqlx::query_as::<_, StoredRow>(sqlx::AssertSqlSafe(query))
+            .bind(ids)
+            .fetch(&self.pool);
+        let mut within = Within::new(max_bytes);
+        while let Some(row) = rows.try_next().await? {
+            if !within.push(row)? {
+                break;
+            }
+        }
+        Ok(within.finish())
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {

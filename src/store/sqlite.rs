@@ -24,13 +24,14 @@ use super::rollup::{
 };
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
-    decode_operations, decode_rows,
+    Within, decode_operations, decode_rows,
 };
 use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
+use futures_util::TryStreamExt as _;
 use sqlx::AssertSqlSafe;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -740,6 +741,33 @@ impl Store for SqliteStore {
             spans.extend(decode_rows(rows)?);
         }
         Ok(spans)
+    }
+
+    async fn traces_within(
+        &self,
+        trace_ids: &[TraceId],
+        max_bytes: u64,
+    ) -> Result<(Vec<Span>, u64), StoreError> {
+        let mut ids = trace_ids.to_vec();
+        ids.sort_unstable();
+        let mut within = Within::new(max_bytes);
+        'chunks: for chunk in ids.chunks(500) {
+            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+                "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
+            ));
+            let mut list = q.separated(", ");
+            for id in chunk {
+                list.push_bind(id.0.to_vec());
+            }
+            list.push_unseparated(") ORDER BY trace_id");
+            let mut rows = q.build_query_as::<StoredRow>().fetch(&self.reader);
+            while let Some(row) = rows.try_next().await? {
+                if !within.push(row)? {
+                    break 'chunks;
+                }
+            }
+        }
+        Ok(within.finish())
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {
