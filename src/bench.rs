@@ -232,9 +232,6 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let sender_cpu_before = own_cpu_seconds()?;
     let threads_before = server.thread_cpu_seconds()?;
     let writer_before = server.writer_schedstat();
-    // Read before the load: a realtime writer steps down while the checkpointer catches up,
-    // so what it was granted shows only between those spells.
-    let writer_policy = server.writer_policy();
     let started = Instant::now();
     let mut senders = Vec::new();
     for _ in 0..bench.concurrency {
@@ -398,9 +395,6 @@ async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
             100.0 * waited,
             100.0 * idle
         );
-    }
-    if let Some(policy) = writer_policy {
-        println!("| ingest writer's scheduling policy (--writer-priority) | {policy} |");
     }
     println!(
         "| server peak RSS (VmHWM) | {:.1} MiB |",
@@ -877,16 +871,6 @@ impl ChildServer {
         Some((fields.next()?.ok()?, fields.next()?.ok()?))
     }
 
-    /// The ingest writer thread's scheduling policy, named, from its `stat` file.
-    fn writer_policy(&self) -> Option<String> {
-        let stat = std::fs::read_to_string(self.writer_dir()?.join("stat")).ok()?;
-        Some(match crate::ingest::thread_policy(&stat)? {
-            0 => "SCHED_OTHER (normal)".to_string(),
-            2 => "SCHED_RR (realtime)".to_string(),
-            other => format!("policy {other}"),
-        })
-    }
-
     fn status_kib(&self, key: &str) -> anyhow::Result<u64> {
         let status = self.proc_file("status")?;
         let line = status
@@ -947,11 +931,18 @@ fn own_cpu_seconds() -> anyhow::Result<f64> {
     )
 }
 
+/// Field `number` (1-based, as proc(5) numbers them) of a `/proc/…/stat` line.
+fn proc_stat_field(stat: &str, number: usize) -> Option<&str> {
+    // Fields 3 on follow the command name, which is in parentheses and may hold spaces.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(number.checked_sub(3)?)
+}
+
 /// User + system CPU seconds from a `/proc/…/stat` line (fields 14 and 15, in USER_HZ = 100).
 fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
     // utime and stime, in clock ticks (fields 14 and 15).
     let ticks = |number| -> anyhow::Result<u64> {
-        Ok(crate::ingest::proc_stat_field(stat, number)
+        Ok(proc_stat_field(stat, number)
             .context("malformed stat")?
             .parse()?)
     };

@@ -11,7 +11,6 @@ use axum::http::HeaderValue;
 use clap::{Args, Parser, Subcommand};
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
-use crate::ingest::WriterPriority;
 use crate::memory;
 
 #[derive(Debug, Parser)]
@@ -139,23 +138,6 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_MEMORY_LIMIT", default_value = "512MiB")]
     pub memory_limit: String,
 
-    /// How the SQLite ingest writer thread is scheduled. realtime (SCHED_RR, priority 1)
-    /// lets it commit as soon as it has work instead of waiting behind request handling for
-    /// a core, and steps it down to normal priority while SQLite's checkpointer catches up
-    /// with the WAL: on a 2-core machine 10–20 % more spans/s in bursts and about as many
-    /// as normal under sustained load, at the price of slower API answers during saturated
-    /// ingest and of a core taken from co-located services (BENCHMARKS.md). It needs root,
-    /// CAP_SYS_NICE or an RLIMIT_RTPRIO of at least 1; refused, the writer runs at normal
-    /// priority and the start-up log says so. normal shares the cores fairly throughout.
-    /// Not used with Postgres.
-    #[arg(
-        long,
-        env = "BUDGETSCOPE_WRITER_PRIORITY",
-        value_enum,
-        default_value = "realtime"
-    )]
-    pub writer_priority: WriterPriority,
-
     /// Alert rules and receivers, in YAML (top level rules: and receivers:; see README,
     /// "Alerts"). Re-read on SIGHUP; `budgetscope rules check FILE` validates one.
     #[arg(long, env = "BUDGETSCOPE_RULES")]
@@ -214,7 +196,6 @@ pub struct ServeConfig {
     /// Bytes; see `memory::MemoryBudget::for_limit`.
     pub memory_limit: u64,
     pub max_connections: usize,
-    pub writer_priority: WriterPriority,
     pub rules: Option<std::path::PathBuf>,
     pub alert_interval: Duration,
     pub alert_delay: Duration,
@@ -435,7 +416,6 @@ impl ServeArgs {
             max_queued_spans: self.max_queued_spans,
             memory_limit,
             max_connections: self.max_connections,
-            writer_priority: self.writer_priority,
             rules: self.rules.clone(),
             alert_interval,
             alert_delay,

@@ -12,10 +12,7 @@
 //!
 //! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
 //! a writer task queued behind request handling left the store idle between transactions
-//! (BENCHMARKS.md, "What moved the numbers"). With `WriterPriority::Realtime` (the default)
-//! that thread asks for realtime scheduling so that a request thread never holds the core
-//! it needs, and steps down to normal priority while the store catches up (`Scheduling`);
-//! where the OS refuses, it runs at normal priority and says so once.
+//! (BENCHMARKS.md, "Ingest").
 
 use std::sync::Arc;
 
@@ -37,18 +34,6 @@ pub struct IngestOptions {
     /// SQLite, whose inserts then run on that thread (blocking it, as SQLite does); not for
     /// Postgres, whose pooled sockets are registered with the runtime that opened them.
     pub own_threads: bool,
-    /// How writers on threads of their own are scheduled; tasks keep the runtime's.
-    pub writer_priority: WriterPriority,
-}
-
-/// How the ingest writer thread is scheduled (`--writer-priority`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WriterPriority {
-    /// SCHED_RR at priority 1 where the OS allows it, stepping down to normal priority
-    /// while SQLite's checkpointer catches up; normal priority where the OS refuses.
-    Realtime,
-    /// The OS's default scheduling, shared fairly with every other thread.
-    Normal,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -79,73 +64,42 @@ pub struct Ingestor {
     writers: Mutex<Vec<Writer>>,
 }
 
-/// A running writer: a task on the caller's runtime, or an OS thread of its own (with its
-/// OS thread id, on Linux).
+/// A running writer: a task on the caller's runtime, or an OS thread of its own.
 enum Writer {
     Task(JoinHandle<()>),
-    Thread(std::thread::JoinHandle<()>, Option<i32>),
+    Thread(std::thread::JoinHandle<()>),
 }
 
 impl Writer {
-    /// Starts `run`, given the scheduling it is to follow between transactions.
-    fn start<F>(
-        options: &IngestOptions,
-        run: impl FnOnce(Scheduling) -> F + Send + 'static,
-    ) -> Writer
+    fn start<F>(options: &IngestOptions, run: impl FnOnce() -> F + Send + 'static) -> Writer
     where
         F: Future<Output = ()> + Send + 'static,
     {
         if !options.own_threads {
-            return Writer::Task(tokio::spawn(run(Scheduling::default())));
+            return Writer::Task(tokio::spawn(run()));
         }
-        let priority = options.writer_priority;
-        let (started, thread_id) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ingest-writer".into())
             .spawn(move || {
-                let mut scheduling = Scheduling::default();
-                if priority == WriterPriority::Realtime {
-                    match set_realtime_priority() {
-                        Ok(()) => {
-                            scheduling.realtime = true;
-                            tracing::info!(
-                                "the ingest writer runs at realtime priority (SCHED_RR, 1), \
-                                 and at normal priority while the store catches up"
-                            )
-                        }
-                        Err(error) => tracing::info!(
-                            %error,
-                            "the ingest writer runs at normal priority: the OS refused realtime \
-                             scheduling, so on a busy machine with few cores it may wait for a \
-                             core behind request handling; run budgetscope as root, with \
-                             CAP_SYS_NICE, or with an RLIMIT_RTPRIO of at least 1 (systemd: \
-                             LimitRTPRIO=1; docker: --ulimit rtprio=1), or pass \
-                             --writer-priority normal to skip the attempt"
-                        ),
-                    }
-                }
-                let _ = started.send(current_thread_id());
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .expect("a single-threaded runtime needs only a timer and an IO driver");
                 runtime.block_on(async {
-                    run(scheduling).await;
+                    run().await;
                     // Lets sqlx hand the last connection back to its pool before the
                     // runtime, which would run that hand-back, is dropped.
                     tokio::task::yield_now().await;
                 });
             })
             .expect("the OS could not start the ingest writer thread");
-        // The thread sends its id once its scheduling is set (so whoever reads the policy
-        // of that id sees the one it keeps): a wait of microseconds.
-        Writer::Thread(thread, thread_id.recv().ok().flatten())
+        Writer::Thread(thread)
     }
 
     async fn join(self) {
         let result = match self {
             Writer::Task(task) => task.await.map_err(|e| e.to_string()),
-            Writer::Thread(thread, _) => tokio::task::spawn_blocking(move || thread.join())
+            Writer::Thread(thread) => tokio::task::spawn_blocking(move || thread.join())
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|joined| joined.map_err(|_| "the thread panicked".to_string())),
@@ -156,116 +110,6 @@ impl Writer {
     }
 }
 
-/// The scheduling of the thread a writer runs on, which the writer follows between two
-/// transactions.
-#[derive(Default)]
-struct Scheduling {
-    /// Realtime scheduling was asked for and granted.
-    realtime: bool,
-    /// At normal priority for now, while the store catches up.
-    stepped_down: bool,
-}
-
-impl Scheduling {
-    /// Steps a realtime writer down to normal priority while the store catches up
-    /// (`Store::catching_up`), and back up once it has. SQLite's checkpointer syncs the
-    /// WAL before each pass: beside a writer that kept its core and kept writing, its
-    /// passes took three times as long, the WAL started over less often, the writer used
-    /// more CPU per span, and ingest lost ~5 % over 2M-span runs (BENCHMARKS.md, "Session
-    /// 13").
-    fn follow(&mut self, store: &dyn Store) {
-        let step_down = store.catching_up();
-        if !self.realtime || step_down == self.stepped_down {
-            return;
-        }
-        let result = if step_down {
-            set_normal_priority()
-        } else {
-            set_realtime_priority()
-        };
-        match result {
-            Ok(()) => {
-                self.stepped_down = step_down;
-                tracing::debug!(
-                    realtime = !step_down,
-                    "the ingest writer follows the store's catching up"
-                );
-            }
-            Err(error) => {
-                self.realtime = false;
-                tracing::warn!(
-                    %error,
-                    "the ingest writer could not change its priority and keeps the one it \
-                     has; pass --writer-priority normal to run it at normal priority throughout"
-                );
-            }
-        }
-    }
-}
-
-/// Puts the calling thread in SCHED_RR at the lowest realtime priority. Threads it starts
-/// (a runtime's blocking pool, a database connection's worker) start at normal priority.
-#[cfg(target_os = "linux")]
-pub fn set_realtime_priority() -> std::io::Result<()> {
-    set_scheduler(libc::SCHED_RR, 1)
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn set_realtime_priority() -> std::io::Result<()> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "budgetscope sets realtime scheduling on Linux only",
-    ))
-}
-
-/// Puts the calling thread back in the OS's default scheduling (which any thread may do).
-#[cfg(target_os = "linux")]
-pub fn set_normal_priority() -> std::io::Result<()> {
-    set_scheduler(libc::SCHED_OTHER, 0)
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn set_normal_priority() -> std::io::Result<()> {
-    Ok(())
-}
-
-/// `sched_setscheduler` for the calling thread, with `SCHED_RESET_ON_FORK` so that threads
-/// it starts run at normal priority whatever it has.
-#[cfg(target_os = "linux")]
-fn set_scheduler(policy: libc::c_int, priority: libc::c_int) -> std::io::Result<()> {
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: pid 0 names the calling thread, and `param` outlives the call.
-    match unsafe { libc::sched_setscheduler(0, policy | libc::SCHED_RESET_ON_FORK, &param) } {
-        0 => Ok(()),
-        _ => Err(std::io::Error::last_os_error()),
-    }
-}
-
-/// Field `number` (1-based, as proc(5) numbers them) of a `/proc/…/stat` line.
-pub fn proc_stat_field(stat: &str, number: usize) -> Option<&str> {
-    // Fields 3 on follow the command name, which is in parentheses and may hold spaces.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(number.checked_sub(3)?)
-}
-
-/// The scheduling policy (field 41) of a `/proc/…/stat` line: 0 normal, 1 FIFO, 2 RR.
-pub fn thread_policy(stat: &str) -> Option<u32> {
-    proc_stat_field(stat, 41)?.parse().ok()
-}
-
-#[cfg(target_os = "linux")]
-fn current_thread_id() -> Option<i32> {
-    // SAFETY: gettid has no preconditions.
-    Some(unsafe { libc::gettid() })
-}
-
-#[cfg(not(target_os = "linux"))]
-fn current_thread_id() -> Option<i32> {
-    None
-}
-
 impl Ingestor {
     /// Starts the writer tasks on the current runtime.
     pub fn start(store: Arc<dyn Store>, options: &IngestOptions) -> Arc<Ingestor> {
@@ -274,9 +118,7 @@ impl Ingestor {
             .map(|_| {
                 let (store, queue) = (store.clone(), queue.clone());
                 let max_batch_spans = options.max_batch_spans;
-                Writer::start(options, move |scheduling| {
-                    write_loop(store, queue, max_batch_spans, scheduling)
-                })
+                Writer::start(options, move || write_loop(store, queue, max_batch_spans))
             })
             .collect();
         let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
@@ -333,19 +175,6 @@ impl Ingestor {
         !self.jobs.is_empty()
     }
 
-    /// The OS thread ids of the writers that run on threads of their own (Linux only), for
-    /// checking how the OS schedules them.
-    pub async fn writer_thread_ids(&self) -> Vec<i32> {
-        let writers = self.writers.lock().await;
-        writers
-            .iter()
-            .filter_map(|writer| match writer {
-                Writer::Thread(_, id) => *id,
-                Writer::Task(_) => None,
-            })
-            .collect()
-    }
-
     /// Stops accepting, commits everything already queued, and waits for the writers.
     pub async fn shutdown(&self) {
         self.jobs.close();
@@ -360,11 +189,9 @@ async fn write_loop(
     store: Arc<dyn Store>,
     queue: async_channel::Receiver<Job>,
     max_batch_spans: usize,
-    mut scheduling: Scheduling,
 ) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
     while let Ok(first) = queue.recv().await {
-        scheduling.follow(store.as_ref());
         let mut queued = first.batch.len();
         let mut jobs = vec![first];
         while queued < max_batch_spans {

@@ -18,7 +18,7 @@ use crate::alerter::{self, AlerterOptions, RuleBook};
 use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
-use crate::ingest::{IngestOptions, Ingestor, WriterPriority};
+use crate::ingest::{IngestOptions, Ingestor};
 use crate::listen::{self, Limits};
 use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
@@ -49,11 +49,7 @@ pub struct RunningServer {
     ingestor: Arc<Ingestor>,
 }
 
-pub fn ingest_options(
-    db: &DbUrl,
-    max_queued_spans: usize,
-    writer_priority: WriterPriority,
-) -> IngestOptions {
+pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
     // SQLite takes one writer at a time, on a thread of its own; Postgres commits in
     // parallel from tasks of the main runtime, which owns its sockets.
     let (writers, own_threads) = match db {
@@ -65,7 +61,6 @@ pub fn ingest_options(
         max_batch_spans: 20_000,
         writers,
         own_threads,
-        writer_priority,
     }
 }
 
@@ -83,7 +78,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     })?;
     let ingestor = Ingestor::start(
         store.clone(),
-        &ingest_options(&config.db, config.max_queued_spans, config.writer_priority),
+        &ingest_options(&config.db, config.max_queued_spans),
     );
     let metrics = Arc::new(Metrics::default());
     let memory = MemoryBudget::for_limit(config.memory_limit);

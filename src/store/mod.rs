@@ -61,13 +61,6 @@ pub trait Store: AlertStore + Send + Sync + 'static {
     /// "sqlite" or "postgres".
     fn backend(&self) -> &'static str;
 
-    /// Whether the store's own background work has fallen behind the writes: on SQLite,
-    /// while the checkpointer catches up with a WAL past its reset size. The ingest writer
-    /// gives up realtime scheduling meanwhile (`ingest::WriterPriority`).
-    fn catching_up(&self) -> bool {
-        false
-    }
-
     /// Succeeds when the database answers a trivial query.
     async fn ping(&self) -> Result<(), StoreError>;
 

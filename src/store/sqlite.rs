@@ -222,11 +222,10 @@ impl SqliteStore {
     /// Takes the checkpointer's request for a WAL reset, if there is one: the time the
     /// writer's checkpoint starts, for its log line.
     fn take_wal_reset(&self) -> Option<std::time::Instant> {
-        let taken = self.wal.reset_due.swap(false, Ordering::AcqRel);
-        if taken {
-            self.wal.catching_up.store(false, Ordering::Release);
-        }
-        taken.then(std::time::Instant::now)
+        self.wal
+            .reset_due
+            .swap(false, Ordering::AcqRel)
+            .then(std::time::Instant::now)
     }
 
     /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
@@ -580,11 +579,6 @@ struct WalSignals {
     /// Set when the WAL has grown past `WAL_RESET_FRAMES` and the checkpointer has copied
     /// nearly all of it; the next write transaction first lets the WAL start over.
     reset_due: AtomicBool,
-    /// Set from the checkpointer's first pass that finds the WAL past `WAL_RESET_FRAMES`
-    /// until the WAL starts over (`Store::catching_up`): its syncs, copying and flushing
-    /// meanwhile decide when that happens, and they take longer while the writer keeps
-    /// writing.
-    catching_up: AtomicBool,
 }
 
 /// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
@@ -621,7 +615,6 @@ async fn start_checkpointer(
                 // frame, so SQLite never starts the WAL over and it would grow without
                 // bound. The writer resets it between two transactions (`reset_wal_if_due`).
                 Ok((_, wal_frames, mut copied)) if wal_frames > WAL_RESET_FRAMES => {
-                    signals.catching_up.store(true, Ordering::Release);
                     // Copies what the writer committed during the pass above, so that the
                     // writer's own checkpoint has only the last few frames left to copy.
                     for _ in 0..3 {
@@ -660,7 +653,6 @@ async fn start_checkpointer(
                     stuck_passes = 0;
                     signals.reset_due.store(false, Ordering::Release);
                     truncate_wal(&mut conn).await;
-                    signals.catching_up.store(false, Ordering::Release);
                 }
                 Ok((_, wal_frames, copied)) => {
                     stuck_passes = 0;
@@ -697,10 +689,6 @@ async fn start_checkpointer(
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
-    }
-
-    fn catching_up(&self) -> bool {
-        self.wal.catching_up.load(Ordering::Acquire)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
