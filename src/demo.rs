@@ -16,6 +16,9 @@ pub struct DemoArgs {
     /// OTLP/HTTP traces endpoint of the server.
     #[arg(long, default_value = "http://127.0.0.1:4318/v1/traces")]
     pub endpoint: String,
+    /// The server's UI, printed when the traces are sent (its --http-addr).
+    #[arg(long, default_value = "http://127.0.0.1:8080/")]
+    pub ui: String,
     /// Spans to send in total.
     #[arg(long, default_value = "5000")]
     pub spans: usize,
@@ -79,8 +82,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         eprint!("\rsent request {}/{total} ({spans} spans)   ", i + 1);
     }
     eprintln!(
-        "\ndone: {} spans sent. Traces are analysed about 10 s after their last span; then open the UI.",
-        args.spans
+        "\ndone: {} spans sent. Traces are analysed about 10 s after their last span; then open {}",
+        args.spans, args.ui
     );
     Ok(())
 }

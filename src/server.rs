@@ -70,6 +70,19 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     let rules = Arc::new(RuleBook::load(config.rules.clone()).context(
         "the rules file (--rules) has problems; `budgetscope rules check FILE` lists them",
     )?);
+    // Listeners first: a port in use stops start-up before a database file is created.
+    let bind = |addr: SocketAddr, flag: &'static str| async move {
+        TcpListener::bind(addr).await.with_context(|| {
+            format!("could not listen on {addr} (--{flag}); is another process using it?")
+        })
+    };
+    let grpc_listener = bind(config.otlp_grpc_addr, "otlp-grpc-addr").await?;
+    let otlp_http_listener = bind(config.otlp_http_addr, "otlp-http-addr").await?;
+    let http_listener = bind(config.http_addr, "http-addr").await?;
+    let otlp_grpc_addr = grpc_listener.local_addr()?;
+    let otlp_http_addr = otlp_http_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+
     let store = store::open(config.db.as_str()).await.with_context(|| {
         format!(
             "could not open the database {}; check --db (BUDGETSCOPE_DB)",
@@ -90,18 +103,6 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         metrics.clone(),
         memory.clone(),
     );
-
-    let bind = |addr: SocketAddr, flag: &'static str| async move {
-        TcpListener::bind(addr).await.with_context(|| {
-            format!("could not listen on {addr} (--{flag}); is another process using it?")
-        })
-    };
-    let grpc_listener = bind(config.otlp_grpc_addr, "otlp-grpc-addr").await?;
-    let otlp_http_listener = bind(config.otlp_http_addr, "otlp-http-addr").await?;
-    let http_listener = bind(config.http_addr, "http-addr").await?;
-    let otlp_grpc_addr = grpc_listener.local_addr()?;
-    let otlp_http_addr = otlp_http_listener.local_addr()?;
-    let http_addr = http_listener.local_addr()?;
 
     let stop_accepting = CancellationToken::new();
     let open_files = listen::raise_open_files_limit();

@@ -203,6 +203,11 @@ fn sigterm_stops_the_server_cleanly() {
             .any(|l| l.contains("every acknowledged span is committed")),
         "{rest:?}"
     );
+    // stderr is a pipe here, not a terminal: the log has no colour codes.
+    assert!(
+        rest.iter().all(|l| !l.contains('\x1b')),
+        "colour codes in a piped log: {rest:?}"
+    );
 }
 
 #[test]
@@ -367,4 +372,30 @@ fn analyze_explains_unreadable_input() {
         !ok && stderr.contains("could not read /nonexistent/file.json"),
         "{stderr}"
     );
+}
+
+#[test]
+fn serve_on_a_port_in_use_fails_naming_the_flag_and_leaves_no_database_behind() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("budgetscope.db");
+    let (ok, _, stderr) = run(&[
+        "serve",
+        "--db",
+        &format!("sqlite://{}", db.display()),
+        "--otlp-grpc-addr",
+        "127.0.0.1:0",
+        "--otlp-http-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        &port,
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(&format!("could not listen on {port} (--http-addr)")),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
 }

@@ -14,12 +14,16 @@ async fn demo_sends_traces_the_server_stores() {
     let db = TestDb::sqlite();
     let server = start(&db, &[]).await;
     let endpoint = format!("http://{}/v1/traces", server.otlp_http_addr);
+    let ui = format!("http://{}/", server.http_addr);
+    let ui_arg = ui.clone();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(BIN)
             .args([
                 "demo",
                 "--endpoint",
                 &endpoint,
+                "--ui",
+                &ui_arg,
                 "--spans",
                 "600",
                 "--large-trace",
@@ -33,6 +37,7 @@ async fn demo_sends_traces_the_server_stores() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(stderr.contains("done: 600 spans sent"), "{stderr}");
+    assert!(stderr.contains(&format!("then open {ui}")), "{stderr}");
     let id = stderr
         .split("trace id ")
         .nth(1)
