@@ -15,17 +15,17 @@ use super::{
     Within, decode_operations, decode_rows,
 };
 use futures_util::TryStreamExt as _;
-use sqlx::{Postgres, QueryBuilder};
+use sqlx::Postgres;
 
 use super::query::{
-    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
-    finish_search, rollup_query, start_search, terms,
+    AttrOperand, StoredSummary, SummaryRow, TraceQuery, encode_summary, finish_search,
+    rollup_query, start_search, summary_upsert, terms,
 };
 use super::rollup::{
-    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
-    TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
+    HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
+    apply_rollups, hourly, trace_hops_insert,
 };
-use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
+use super::{decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -469,29 +469,7 @@ impl Store for PostgresStore {
         rows.dedup_by(|a, b| a.trace_id == b.trace_id);
         let mut tx = self.pool.begin().await?;
         if !rows.is_empty() {
-            let mut upsert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
-            ));
-            upsert.push_values(&rows, |mut b, row| {
-                b.push_bind(row.trace_id.clone())
-                    .push_bind(row.root_service.clone())
-                    .push_bind(row.root_name.clone())
-                    .push_bind(row.start_unix_nano)
-                    .push_bind(row.duration_ms)
-                    .push_bind(row.budget_ms)
-                    .push_bind(row.outcome)
-                    .push_bind(row.burner_service.clone())
-                    .push_bind(row.burner_name.clone())
-                    .push_bind(row.burner_self_ms)
-                    .push_bind(row.flag_counts.clone())
-                    .push_bind(row.span_count)
-                    .push_bind(row.services.clone())
-                    .push_bind(row.operations.clone())
-                    .push_bind(row.answer_ms)
-                    .push_bind(row.origins.clone())
-                    .push_bind(row.flags.clone());
-            });
-            upsert.push(SUMMARY_UPSERT);
+            let mut upsert = summary_upsert::<Postgres>(&rows);
             upsert.build().execute(&mut *tx).await?;
         }
         // Each trace's hops replace what the trace contributed before (a late span).
@@ -530,49 +508,32 @@ impl Store for PostgresStore {
         .bind(&term_ids)
         .execute(&mut *tx)
         .await?;
-        let new_hops: Vec<(Vec<u8>, &HopSample)> = traces
+        let new_hops: Vec<(&[u8], &HopSample)> = traces
             .iter()
             .flat_map(|(summary, hops)| {
                 hops.iter()
-                    .map(move |hop| (summary.trace_id.0.to_vec(), hop))
+                    .map(move |hop| (summary.trace_id.0.as_slice(), hop))
             })
             .collect();
         for (_, hops) in traces {
             add_samples(&mut deltas, hops, 1);
         }
         for chunk in new_hops.chunks(5000) {
-            let mut insert: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
-            ));
-            insert.push_values(chunk, |mut b, (id, hop)| {
-                b.push_bind(id.clone())
-                    .push_bind(hop.service.clone())
-                    .push_bind(hop.operation.clone())
-                    .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
-                    .push_bind(hop.budget_ms)
-                    .push_bind(hop.burn)
-                    .push_bind(hop.self_ms)
-                    .push_bind(encode_counts(&hop.counts))
-                    .push_bind(hop.wasted_ms);
-            });
+            let mut insert = trace_hops_insert::<Postgres>(chunk);
             insert.build().execute(&mut *tx).await?;
         }
         // Keys are sorted (BTreeMap): rows are locked FOR UPDATE before they are changed, so
         // several servers sharing the database do not lose each other's counts.
         let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-        let mut hours: BTreeMap<RollupKey, Rollup> = BTreeMap::new();
-        for ((service, operation, minute), delta) in &minutes {
-            let hour = minute - minute % 3_600_000_000_000;
-            hours
-                .entry((service.clone(), operation.clone(), hour))
-                .or_default()
-                .merge(delta);
-        }
-        apply_rollups(&mut tx, "hop_rollups", &minutes).await?;
-        apply_rollups(
+        apply_rollups::<Postgres>(&mut tx, "hop_rollups", &minutes, ROLLUP_CHUNK, ROLLUP_LOCK)
+            .await?;
+        let hours = hourly(&minutes);
+        apply_rollups::<Postgres>(
             &mut tx,
             "hop_rollups_hourly",
-            &hours.into_iter().collect::<Vec<_>>(),
+            &hours,
+            ROLLUP_CHUNK,
+            ROLLUP_LOCK,
         )
         .await?;
         let marks: Vec<i64> = analysed.iter().map(|(_, mark)| *mark).collect();
@@ -650,56 +611,9 @@ impl Store for PostgresStore {
     }
 }
 
-/// Adds deltas to a rollup table (`hop_rollups` per minute or `hop_rollups_hourly`): reads
-/// the rows of the keys, merges, deletes rows that fell to zero requests and upserts the rest.
-async fn apply_rollups(
-    conn: &mut sqlx::PgConnection,
-    table: &str,
-    deltas: &[(RollupKey, Rollup)],
-) -> Result<(), StoreError> {
-    for chunk in deltas.chunks(2000) {
-        let mut select: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-            "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
-        ));
-        select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
-            b.push_bind(service.clone())
-                .push_bind(operation.clone())
-                .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-        });
-        select.push(") ORDER BY service, operation, minute_unix_nano FOR UPDATE");
-        let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *conn).await?;
-        let (keep, gone) = apply_deltas(existing, chunk);
-        if !gone.is_empty() {
-            let mut delete: QueryBuilder<Postgres> = QueryBuilder::new(format!(
-                "DELETE FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
-            ));
-            delete.push_values(&gone, |mut b, (service, operation, minute)| {
-                b.push_bind(service.clone())
-                    .push_bind(operation.clone())
-                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-            });
-            delete.push(")");
-            delete.build().execute(&mut *conn).await?;
-        }
-        if !keep.is_empty() {
-            let mut upsert: QueryBuilder<Postgres> =
-                QueryBuilder::new(format!("INSERT INTO {table} ({ROLLUP_COLUMNS}) "));
-            upsert.push_values(&keep, |mut b, row| {
-                b.push_bind(row.service.clone())
-                    .push_bind(row.operation.clone())
-                    .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
-                    .push_bind(row.rollup.requests);
-                for count in row.rollup.counts {
-                    b.push_bind(count);
-                }
-                b.push_bind(row.rollup.wasted_ms)
-                    .push_bind(row.rollup.budget.encode())
-                    .push_bind(row.rollup.burn.encode())
-                    .push_bind(row.rollup.self_ms.encode());
-            });
-            upsert.push(ROLLUP_UPSERT);
-            upsert.build().execute(&mut *conn).await?;
-        }
-    }
-    Ok(())
-}
+/// Rollup keys per statement.
+const ROLLUP_CHUNK: usize = 2000;
+
+/// Rollup rows are locked in key order before they change, so several servers sharing the
+/// database do not lose each other's counts.
+const ROLLUP_LOCK: &str = " ORDER BY service, operation, minute_unix_nano FOR UPDATE";

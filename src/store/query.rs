@@ -115,6 +115,43 @@ pub(crate) struct SummaryRow {
     pub origins: String,
 }
 
+/// The upsert of summary rows, one statement for all of `rows` (both backends; the caller
+/// keeps each statement within its backend's parameter limit).
+pub(crate) fn summary_upsert<DB: Database>(rows: &[SummaryRow]) -> QueryBuilder<DB>
+where
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+    Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut upsert: QueryBuilder<DB> = QueryBuilder::new(format!(
+        "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
+    ));
+    upsert.push_values(rows, |mut b, row| {
+        b.push_bind(row.trace_id.clone())
+            .push_bind(row.root_service.clone())
+            .push_bind(row.root_name.clone())
+            .push_bind(row.start_unix_nano)
+            .push_bind(row.duration_ms)
+            .push_bind(row.budget_ms)
+            .push_bind(row.outcome.to_string())
+            .push_bind(row.burner_service.clone())
+            .push_bind(row.burner_name.clone())
+            .push_bind(row.burner_self_ms)
+            .push_bind(row.flag_counts.clone())
+            .push_bind(row.span_count)
+            .push_bind(row.services.clone())
+            .push_bind(row.operations.clone())
+            .push_bind(row.answer_ms)
+            .push_bind(row.origins.clone())
+            .push_bind(row.flags.clone());
+    });
+    upsert.push(super::SUMMARY_UPSERT);
+    upsert
+}
+
 /// The substring a `services` column contains when the trace has `service`.
 pub(crate) fn service_needle(service: &str) -> String {
     format!("\n{service}\n")

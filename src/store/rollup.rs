@@ -3,7 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
+
+use super::StoreError;
 use crate::analyze::hops::{COUNTED, Histogram, HopSample, Rollup, minute_of};
+
+/// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
+const HOUR_NANOS: u64 = 3_600_000_000_000;
 
 /// One hop identity's rollup for one minute.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,6 +125,32 @@ impl StoredRollup {
     }
 }
 
+/// The insert of trace hops (trace id, hop), one statement for all of `hops`.
+pub(crate) fn trace_hops_insert<DB: Database>(hops: &[(&[u8], &HopSample)]) -> QueryBuilder<DB>
+where
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+    Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut insert: QueryBuilder<DB> = QueryBuilder::new(format!(
+        "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
+    ));
+    insert.push_values(hops, |mut b, (id, hop)| {
+        b.push_bind(id.to_vec())
+            .push_bind(hop.service.clone())
+            .push_bind(hop.operation.clone())
+            .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
+            .push_bind(hop.budget_ms)
+            .push_bind(hop.burn)
+            .push_bind(hop.self_ms)
+            .push_bind(encode_counts(&hop.counts))
+            .push_bind(hop.wasted_ms);
+    });
+    insert
+}
+
 /// Adds samples (weight +1) or takes them back out (−1) of per-key deltas.
 pub(crate) fn add_samples(
     deltas: &mut BTreeMap<RollupKey, Rollup>,
@@ -167,4 +199,92 @@ pub(crate) fn apply_deltas(
         }
     }
     (keep, gone)
+}
+
+/// Per-minute deltas folded into the hours that hold them, for `hop_rollups_hourly`.
+pub(crate) fn hourly(minutes: &[(RollupKey, Rollup)]) -> Vec<(RollupKey, Rollup)> {
+    let mut hours: BTreeMap<RollupKey, Rollup> = BTreeMap::new();
+    for ((service, operation, minute), delta) in minutes {
+        hours
+            .entry((
+                service.clone(),
+                operation.clone(),
+                minute - minute % HOUR_NANOS,
+            ))
+            .or_default()
+            .merge(delta);
+    }
+    hours.into_iter().collect()
+}
+
+/// Adds deltas to a rollup table (`hop_rollups` per minute or `hop_rollups_hourly`), in
+/// chunks of `chunk` keys: reads the rows of the keys (with `lock`, e.g. Postgres's
+/// `FOR UPDATE` in key order, appended to the read), merges, deletes rows that fell to zero
+/// requests and upserts the rest. Only the chunk size and the lock differ between stores.
+pub(crate) async fn apply_rollups<DB: Database>(
+    conn: &mut DB::Connection,
+    table: &str,
+    deltas: &[(RollupKey, Rollup)],
+    chunk: usize,
+    lock: &str,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> StoredRollup: FromRow<'r, DB::Row>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    fn keys<DB: Database>(q: &mut QueryBuilder<DB>, keys: &[&RollupKey])
+    where
+        String: for<'t> Encode<'t, DB> + Type<DB>,
+        i64: for<'t> Encode<'t, DB> + Type<DB>,
+    {
+        q.push_values(keys, |mut b, (service, operation, minute)| {
+            b.push_bind(service.clone())
+                .push_bind(operation.clone())
+                .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
+        });
+    }
+    for chunk in deltas.chunks(chunk) {
+        let mut select: QueryBuilder<DB> = QueryBuilder::new(format!(
+            "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
+        ));
+        keys(
+            &mut select,
+            &chunk.iter().map(|(key, _)| key).collect::<Vec<_>>(),
+        );
+        select.push(")").push(lock);
+        let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *conn).await?;
+        let (keep, gone) = apply_deltas(existing, chunk);
+        if !gone.is_empty() {
+            let mut delete: QueryBuilder<DB> = QueryBuilder::new(format!(
+                "DELETE FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
+            ));
+            keys(&mut delete, &gone.iter().collect::<Vec<_>>());
+            delete.push(")");
+            delete.build().execute(&mut *conn).await?;
+        }
+        if !keep.is_empty() {
+            let mut upsert: QueryBuilder<DB> =
+                QueryBuilder::new(format!("INSERT INTO {table} ({ROLLUP_COLUMNS}) "));
+            upsert.push_values(&keep, |mut b, row| {
+                b.push_bind(row.service.clone())
+                    .push_bind(row.operation.clone())
+                    .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
+                    .push_bind(row.rollup.requests);
+                for count in row.rollup.counts {
+                    b.push_bind(count);
+                }
+                b.push_bind(row.rollup.wasted_ms)
+                    .push_bind(row.rollup.budget.encode())
+                    .push_bind(row.rollup.burn.encode())
+                    .push_bind(row.rollup.self_ms.encode());
+            });
+            upsert.push(ROLLUP_UPSERT);
+            upsert.build().execute(&mut *conn).await?;
+        }
+    }
+    Ok(())
 }

@@ -15,18 +15,18 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
 use super::query::{
-    AttrOperand, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TraceQuery, encode_summary,
-    finish_search, rollup_query, start_search, terms,
+    AttrOperand, StoredSummary, SummaryRow, TraceQuery, encode_summary, finish_search,
+    rollup_query, start_search, summary_upsert, terms,
 };
 use super::rollup::{
-    HopRollupRow, ROLLUP_COLUMNS, ROLLUP_UPSERT, RollupKey, StoredRollup, StoredTraceHop,
-    TRACE_HOP_COLUMNS, add_samples, apply_deltas, encode_counts,
+    HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
+    apply_rollups, hourly, trace_hops_insert,
 };
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     Within, decode_operations, decode_rows,
 };
-use super::{SUMMARY_UPSERT, decode_marks, now_unix_nano, rollup_ranges};
+use super::{decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -877,29 +877,7 @@ impl Store for SqliteStore {
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await?;
         for chunk in rows.chunks(500) {
-            let mut upsert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
-            ));
-            upsert.push_values(chunk, |mut b, row| {
-                b.push_bind(row.trace_id.as_slice())
-                    .push_bind(row.root_service.as_str())
-                    .push_bind(row.root_name.as_str())
-                    .push_bind(row.start_unix_nano)
-                    .push_bind(row.duration_ms)
-                    .push_bind(row.budget_ms)
-                    .push_bind(row.outcome)
-                    .push_bind(row.burner_service.as_deref())
-                    .push_bind(row.burner_name.as_deref())
-                    .push_bind(row.burner_self_ms)
-                    .push_bind(row.flag_counts.as_str())
-                    .push_bind(row.span_count)
-                    .push_bind(row.services.as_str())
-                    .push_bind(row.operations.as_str())
-                    .push_bind(row.answer_ms)
-                    .push_bind(row.origins.as_str())
-                    .push_bind(row.flags.as_str());
-            });
-            upsert.push(SUMMARY_UPSERT);
+            let mut upsert = summary_upsert::<Sqlite>(chunk);
             upsert.build().execute(&mut *tx).await?;
         }
         // Each trace's hops replace what the trace contributed before (a late span).
@@ -958,38 +936,13 @@ impl Store for SqliteStore {
             add_samples(&mut deltas, hops, 1);
         }
         for chunk in new_hops.chunks(1000) {
-            let mut insert: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
-            ));
-            insert.push_values(chunk, |mut b, (id, hop)| {
-                b.push_bind(*id)
-                    .push_bind(hop.service.as_str())
-                    .push_bind(hop.operation.as_str())
-                    .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
-                    .push_bind(hop.budget_ms)
-                    .push_bind(hop.burn)
-                    .push_bind(hop.self_ms)
-                    .push_bind(encode_counts(&hop.counts))
-                    .push_bind(hop.wasted_ms);
-            });
+            let mut insert = trace_hops_insert::<Sqlite>(chunk);
             insert.build().execute(&mut *tx).await?;
         }
         let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-        let mut hours: BTreeMap<RollupKey, Rollup> = BTreeMap::new();
-        for ((service, operation, minute), delta) in &minutes {
-            let hour = minute - minute % 3_600_000_000_000;
-            hours
-                .entry((service.clone(), operation.clone(), hour))
-                .or_default()
-                .merge(delta);
-        }
-        apply_rollups(&mut tx, "hop_rollups", &minutes).await?;
-        apply_rollups(
-            &mut tx,
-            "hop_rollups_hourly",
-            &hours.into_iter().collect::<Vec<_>>(),
-        )
-        .await?;
+        apply_rollups::<Sqlite>(&mut tx, "hop_rollups", &minutes, ROLLUP_CHUNK, "").await?;
+        let hours = hourly(&minutes);
+        apply_rollups::<Sqlite>(&mut tx, "hop_rollups_hourly", &hours, ROLLUP_CHUNK, "").await?;
         for chunk in analysed.chunks(500) {
             // The first list lets SQLite find the marks by the key's time; on the pairs
             // alone it scans the whole table.
@@ -1061,56 +1014,5 @@ impl Store for SqliteStore {
     }
 }
 
-/// Adds deltas to a rollup table (`hop_rollups` per minute or `hop_rollups_hourly`): reads
-/// the rows of the keys, merges, deletes rows that fell to zero requests and upserts the rest.
-async fn apply_rollups(
-    conn: &mut sqlx::SqliteConnection,
-    table: &str,
-    deltas: &[(RollupKey, Rollup)],
-) -> Result<(), StoreError> {
-    for chunk in deltas.chunks(300) {
-        let mut select: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
-        ));
-        select.push_values(chunk, |mut b, ((service, operation, minute), _)| {
-            b.push_bind(service.as_str())
-                .push_bind(operation.as_str())
-                .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-        });
-        select.push(")");
-        let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *conn).await?;
-        let (keep, gone) = apply_deltas(existing, chunk);
-        if !gone.is_empty() {
-            let mut delete: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "DELETE FROM {table} WHERE (service, operation, minute_unix_nano) IN ("
-            ));
-            delete.push_values(&gone, |mut b, (service, operation, minute)| {
-                b.push_bind(service.as_str())
-                    .push_bind(operation.as_str())
-                    .push_bind(i64::try_from(*minute).unwrap_or(i64::MAX));
-            });
-            delete.push(")");
-            delete.build().execute(&mut *conn).await?;
-        }
-        if !keep.is_empty() {
-            let mut upsert: QueryBuilder<Sqlite> =
-                QueryBuilder::new(format!("INSERT INTO {table} ({ROLLUP_COLUMNS}) "));
-            upsert.push_values(&keep, |mut b, row| {
-                b.push_bind(row.service.as_str())
-                    .push_bind(row.operation.as_str())
-                    .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
-                    .push_bind(row.rollup.requests);
-                for count in row.rollup.counts {
-                    b.push_bind(count);
-                }
-                b.push_bind(row.rollup.wasted_ms)
-                    .push_bind(row.rollup.budget.encode())
-                    .push_bind(row.rollup.burn.encode())
-                    .push_bind(row.rollup.self_ms.encode());
-            });
-            upsert.push(ROLLUP_UPSERT);
-            upsert.build().execute(&mut *conn).await?;
-        }
-    }
-    Ok(())
-}
+/// Rollup keys per statement: three parameters each, within SQLite's parameter limit.
+const ROLLUP_CHUNK: usize = 300;
