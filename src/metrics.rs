@@ -84,6 +84,7 @@ pub struct Metrics {
     pub spans_refused: Counter,
     pub spans_stored: Counter,
     pub traces_analysed: Counter,
+    pub alert_evaluations: Counter,
     /// Seconds from a request's spans entering the ingest queue to their commit.
     pub commit_seconds: Histogram,
 }
@@ -105,6 +106,7 @@ impl Default for Metrics {
             spans_refused: Counter::default(),
             spans_stored: Counter::default(),
             traces_analysed: Counter::default(),
+            alert_evaluations: Counter::default(),
             commit_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
             ),
@@ -255,6 +257,11 @@ impl Metrics {
             "traces_analysed",
             "Trace analyses written by the background analyzer",
             self.traces_analysed.clone(),
+        );
+        registry.register(
+            "alert_evaluations",
+            "Evaluations of the alert rules this instance ran to the end (failed ones are logged)",
+            self.alert_evaluations.clone(),
         );
         registry.register(
             "ingest_commit_seconds",

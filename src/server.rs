@@ -184,6 +184,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             store.clone(),
             rules.clone(),
             alerter_options.clone(),
+            metrics.clone(),
             stop_background.clone(),
         )),
         tokio::spawn(alerter::deliver(

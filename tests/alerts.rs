@@ -122,6 +122,41 @@ rules:
     path
 }
 
+/// Alert evaluations the server has run to the end (`/metrics`).
+async fn evaluations(server: &budgetscope::server::RunningServer) -> u64 {
+    let text = get_text(server, "/metrics").await;
+    text.lines()
+        .find_map(|line| line.strip_prefix("budgetscope_alert_evaluations_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no evaluation counter in /metrics:\n{text}")) as u64
+}
+
+/// Waits until the alerter has run two more evaluations and no notification waits in the
+/// outbox: whatever those evaluations were going to send has been sent, so a count of what
+/// a receiver got is final (instead of sleeping for a guess of that time).
+async fn settled(server: &budgetscope::server::RunningServer) {
+    let start = evaluations(server).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while evaluations(server).await < start + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "two more evaluations within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    poll_json(
+        server,
+        "/api/alerts/notifications?limit=100",
+        "nothing pending in the outbox",
+        |log| {
+            log["notifications"]
+                .as_array()
+                .is_some_and(|all| all.iter().all(|n| n["outcome"] != "pending"))
+        },
+    )
+    .await;
+}
+
 /// Polls `path` (JSON) every 100 ms, up to 30 s, until `done` holds for its body; returns it.
 async fn poll_json(
     server: &budgetscope::server::RunningServer,
@@ -379,7 +414,7 @@ async fn a_rule_fires_after_for_notifies_with_evidence_and_resolves() {
         assert_eq!(alert["labels"]["alertname"], "checkout-burning");
         assert_ne!(alert["endsAt"], "0001-01-01T00:00:00Z");
         assert_eq!(alert["fingerprint"], firing["alerts"][0]["fingerprint"]);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        settled(&server).await;
         assert_eq!(
             hook.with_status("firing").len(),
             1,
@@ -690,7 +725,7 @@ async fn a_silence_holds_notifications_back_until_it_ends() {
         page.contains(&format!("silenced by #{}", created["id"])),
         "{page}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    settled(&server).await;
     assert!(
         hook.received.lock().unwrap().is_empty(),
         "a silenced alert was sent"
@@ -952,7 +987,7 @@ edge server "GET /checkout" 0 900 budget=700
         page.contains("inhibited by edge-burning on edge GET /checkout"),
         "{page}"
     );
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    settled(&server).await;
     let sent: Vec<Value> = hook.with_status("firing");
     assert_eq!(sent.len(), 1, "only edge pages: {sent:?}");
     server.shutdown().await;

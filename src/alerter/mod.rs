@@ -489,6 +489,7 @@ pub async fn run(
     store: Arc<dyn Store>,
     rules: Arc<RuleBook>,
     options: AlerterOptions,
+    metrics: Arc<crate::metrics::Metrics>,
     stop: CancellationToken,
 ) {
     loop {
@@ -498,14 +499,16 @@ pub async fn run(
         let set = rules.current();
         if !set.rules.is_empty() {
             match evaluate_once(store.as_ref(), &set, &options, now_unix_nano()).await {
-                Ok(report) if report.changes > 0 => {
-                    tracing::info!(
-                        changes = report.changes,
-                        notifications = report.notifications,
-                        "alert states changed"
-                    )
+                Ok(report) => {
+                    metrics.alert_evaluations.inc();
+                    if report.changes > 0 {
+                        tracing::info!(
+                            changes = report.changes,
+                            notifications = report.notifications,
+                            "alert states changed"
+                        )
+                    }
                 }
-                Ok(_) => {}
                 Err(error) => {
                     tracing::warn!(%error, "evaluating alert rules failed; will try again")
                 }
