@@ -200,9 +200,8 @@ impl SqliteStore {
     /// WAL's last frames, and the transaction that follows starts the WAL over from its
     /// first byte. Done by the checkpointer's connection instead, the reset held the writer
     /// off for 90–190 ms (lock waits with SQLite's sleeping busy handler on both sides, then
-    /// a truncate); here it cost 27–50 ms, 44–250 ms once the faster insert of `2b4d03e`
-    /// filled the WAL faster, and ~35 ms since the checkpointer flushes the database file
-    /// first (`6045819`, BENCHMARKS.md).
+    /// a truncate); here it costs ~35 ms, the checkpointer having flushed the database file
+    /// first (BENCHMARKS.md, "Ingest").
     async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
         if let Some(started) = self.take_wal_reset() {
             log_writer_checkpoint(passive_checkpoint(&mut *conn).await, started);
@@ -251,8 +250,8 @@ impl SqliteStore {
     /// keeps for these inserts (`WriteSide::ingest`). Through sqlx's statement API every
     /// statement was a round trip to the connection's worker thread and every row was
     /// copied into an argument buffer first (30–68 % more spans/s end to end without,
-    /// BENCHMARKS.md, the table at `2b4d03e`); through sqlx's locked raw handle, each
-    /// transaction still began with a round trip to that thread, 0.45 ms under load.
+    /// BENCHMARKS.md, "Ingest"); through sqlx's locked raw handle, each transaction still
+    /// began with a round trip to that thread, 0.45 ms under load.
     pub(crate) async fn insert_rows(
         &self,
         rows: &[SpanRow],
@@ -538,9 +537,8 @@ const RESET_FLUSH_ROUNDS: usize = 2;
 /// Flushes the database file before the checkpointer asks for a WAL reset. The writer's
 /// checkpoint ends with an fsync of the file (the WAL must not start over before what it
 /// held is on disk), and the writer waits for it between two transactions: unflushed, it
-/// held every page the passes since the last reset had copied (33–47 ms per reset by
-/// strace when `6045819` moved this flush here). `copied` is the frames copied as of the
-/// checkpointer's last pass.
+/// held every page the passes since the last reset had copied (33–47 ms per reset, by
+/// strace). `copied` is the frames copied as of the checkpointer's last pass.
 ///
 /// The writer commits while the file is flushed, so a pass after the flush copies those
 /// frames, and a second flush follows when that pass copied more than `RESET_LEFT_FRAMES`.
