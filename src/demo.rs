@@ -41,9 +41,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.spans == 0 {
         bail!("invalid --spans 0: give how many spans to send, e.g. 5000");
     }
-    let mut requests = crate::bench::generate_over(args.spans, 250, spread, 0.2);
+    let mut requests = crate::generate::generate_over(args.spans, 250, spread, 0.2);
     if let Some(size) = args.large_trace.filter(|n| *n > 0) {
-        let mut spans = crate::bench::large_trace(size);
+        let mut spans = crate::generate::large_trace(size);
         let id = crate::model::TraceId(rand::random());
         for span in &mut spans {
             span.trace_id = id;

@@ -183,7 +183,7 @@ mod tests {
     #[test]
     fn every_span_reads_back_under_its_own_service() {
         // Generated spans share one resource but name their services themselves.
-        let spans = crate::bench::large_trace(60);
+        let spans = crate::generate::large_trace(60);
         let options = NormalizeOptions {
             budget_keys: crate::budget::DEFAULT_BUDGET_KEYS
                 .iter()

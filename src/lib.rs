@@ -12,6 +12,7 @@ pub mod codec;
 pub mod config;
 pub mod demo;
 pub mod export;
+pub mod generate;
 pub mod indexer;
 pub mod ingest;
 pub mod listen;

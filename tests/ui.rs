@@ -275,7 +275,7 @@ async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
     let state = AppState::new(store.clone(), AnalyzeOptions::default());
-    let spans = budgetscope::bench::large_trace(1000);
+    let spans = budgetscope::generate::large_trace(1000);
     store.write_spans(&spans).await.unwrap();
     let id = spans[0].trace_id.to_hex();
     let rows = |body: &str| body.matches(r#"<div class="wf-row"#).count();

@@ -217,7 +217,7 @@ fn plain_runs_end_where_the_bytewise_scan_ends() {
 
 #[test]
 fn the_benchmarks_requests_take_the_fast_path() {
-    for request in crate::bench::generate(3_000, 512) {
+    for request in crate::generate::generate(3_000, 512) {
         let text = serde_json::to_string(&request).unwrap();
         accepted(&text);
     }
