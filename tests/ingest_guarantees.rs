@@ -512,9 +512,12 @@ async fn the_writer_thread_runs_at_the_default_scheduling() {
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
         .filter(|stat| stat.contains("(ingest-writer)"))
         .collect();
-    assert_eq!(writers.len(), 1, "one writer thread");
-    let (_, fields) = writers[0].rsplit_once(')').unwrap();
-    let policy = fields.split_whitespace().nth(41 - 3).unwrap();
-    assert_eq!(policy, "0", "SCHED_OTHER: {}", writers[0]);
+    // Other tests in this binary may run writers of their own meanwhile: every one counts.
+    assert!(!writers.is_empty(), "a writer thread is running");
+    for stat in &writers {
+        let (_, fields) = stat.rsplit_once(')').unwrap();
+        let policy = fields.split_whitespace().nth(41 - 3).unwrap();
+        assert_eq!(policy, "0", "SCHED_OTHER: {stat}");
+    }
     ingestor.shutdown().await;
 }
