@@ -715,14 +715,7 @@ impl Store for SqliteStore {
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
         let mut spans = Vec::new();
         for chunk in trace_ids.chunks(500) {
-            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
-            ));
-            let mut ids = q.separated(", ");
-            for id in chunk {
-                ids.push_bind(id.0.to_vec());
-            }
-            ids.push_unseparated(")");
+            let mut q = spans_of(chunk, "");
             let rows: Vec<StoredRow> = q.build_query_as().fetch_all(&self.reader).await?;
             spans.extend(decode_rows(rows)?);
         }
@@ -738,14 +731,7 @@ impl Store for SqliteStore {
         ids.sort_unstable();
         let mut within = Within::new(max_bytes);
         'chunks: for chunk in ids.chunks(500) {
-            let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
-            ));
-            let mut list = q.separated(", ");
-            for id in chunk {
-                list.push_bind(id.0.to_vec());
-            }
-            list.push_unseparated(") ORDER BY trace_id");
+            let mut q = spans_of(chunk, " ORDER BY trace_id");
             let mut rows = q.build_query_as::<StoredRow>().fetch(&self.reader);
             while let Some(row) = rows.try_next().await? {
                 if !within.push(row)? {
@@ -1010,6 +996,20 @@ impl Store for SqliteStore {
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
     }
+}
+
+/// The spans of `traces` (at most SQLite's parameter limit of them), then `tail`.
+fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+        "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
+    ));
+    let mut ids = q.separated(", ");
+    for id in traces {
+        ids.push_bind(id.0.to_vec());
+    }
+    ids.push_unseparated(")");
+    q.push(tail);
+    q
 }
 
 /// Rollup keys per statement: three parameters each, within SQLite's parameter limit.
