@@ -2,7 +2,7 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked && cp target/release/budgetscope /usr/local/bin/budgetscope
+RUN cargo build --release --locked -p budgetscope && cp target/release/budgetscope /usr/local/bin/budgetscope
 
 FROM debian:bookworm-slim
 RUN useradd --system --home /data budgetscope && mkdir -p /data && chown budgetscope /data

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Interleaved A/B runs of `bench ingest` for two builds: for each configuration, PAIRS
+# Interleaved A/B runs of `budgetscope-bench ingest` against two server builds: for each configuration, PAIRS
 # pairs, odd pairs running build A then build B and even pairs B then A, so both see the
 # same minutes of this noisy machine and neither always goes first. Prints one line per
 # run: configuration, pair, build, committed spans/s, raw ceiling, ratio, server CPU
 # seconds, export p50 / p99; then, per configuration, each build's mean committed spans/s
-# and server CPU and the pairs each build won. Usage:
+# and server CPU and the pairs each build won. One harness drives both servers
+# (BENCH, default target/release/budgetscope-bench). Usage:
 #   cp target/release/budgetscope /tmp/bs-a   # build A (e.g. on the commit before)
 #   cp target/release/budgetscope /tmp/bs-b   # build B
 #   benches/ab.sh /tmp/bs-a /tmp/bs-b [PAIRS] [-- extra bench flags, e.g. --no-ceiling]
@@ -17,6 +18,7 @@ pairs="${1:-2}"
 shift || true
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
+bench="${BENCH:-$(dirname "$0")/../target/release/budgetscope-bench}"
 
 configs=(
   "--transport grpc --batch 512 --concurrency 8 --spans 200000"
@@ -33,7 +35,7 @@ for config in "${configs[@]}"; do
     [ $((pair % 2)) = 0 ] && order=("$b" "$a")
     for bin in "${order[@]}"; do
       # shellcheck disable=SC2086
-      out=$("$bin" bench ingest $config "${extra[@]}" 2>/dev/null) || { echo "$bin failed on [$config]" >&2; exit 1; }
+      out=$("$bench" ingest --server "$bin" $config "${extra[@]}" 2>/dev/null) || { echo "$bin failed on [$config]" >&2; exit 1; }
       rate=$(field "$out" 'committed spans/s')
       cpu=$(field "$out" 'server CPU |')
       echo "$pair $bin $rate $cpu" >> "$runs"

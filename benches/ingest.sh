@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs `budgetscope bench ingest` several times per configuration and prints, per
+# Runs `budgetscope-bench ingest` several times per configuration and prints, per
 # configuration, the median and range of the end-to-end rate, its ratio to the same run's
 # raw ceiling, export latency and server memory. Usage:
 #   benches/ingest.sh [REPEATS] [-- extra bench flags, e.g. --db postgres://…]
@@ -11,7 +11,7 @@ shift || true
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
 cargo build --release --quiet
-bin=target/release/budgetscope
+bin=target/release/budgetscope-bench
 
 configs=(
   "--transport grpc --batch 512 --concurrency 8 --spans 200000"
@@ -22,7 +22,7 @@ configs=(
   "--transport http-proto --batch 512 --concurrency 8 --spans 200000 --gzip"
   "--transport http-json --batch 512 --concurrency 8 --spans 100000"
   # The same row count as the other 512-span rows: a 100k-row ceiling goes into a smaller
-  # table and runs faster (BENCHMARKS.md, "HTTP/JSON at other row counts").
+  # table and runs faster.
   "--transport http-json --batch 512 --concurrency 8 --spans 200000"
 )
 
@@ -35,7 +35,7 @@ for config in "${configs[@]}"; do
   for i in $(seq 1 "$repeats"); do
     out=$(mktemp)
     # shellcheck disable=SC2086
-    $bin bench ingest $config "${extra[@]}" > "$out" 2> "$out.err" || { cat "$out.err" >&2; exit 1; }
+    $bin ingest $config "${extra[@]}" > "$out" 2> "$out.err" || { cat "$out.err" >&2; exit 1; }
     rates+=("$(field 'committed spans/s' "$out")")
     ceilings+=("$(field 'raw ceiling: same rows, store INSERT' "$out")")
     ratios+=("$(field 'end to end / raw INSERT' "$out")")

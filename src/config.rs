@@ -8,53 +8,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
 use crate::memory;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "budgetscope",
-    version,
-    about = "An OTLP trace endpoint that shows where each request's deadline budget went",
-    long_about = "budgetscope receives OpenTelemetry traces over OTLP (gRPC and HTTP), stores \
-        them in SQLite (default) or Postgres, and reads the remaining deadline budget that \
-        services record on their spans (deadline.remaining_ms and friends).\n\n\
-        Every setting can also be given as an environment variable (shown as [env: …])."
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Parsed once at start-up, so the size of its largest variant does not matter.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the OTLP receivers, the UI and the JSON API.
-    Serve(ServeArgs),
-    /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
-    Analyze(crate::offline::AnalyzeArgs),
-    /// Send generated multi-hop traces with budgets to a running server, to try the UI.
-    Demo(crate::demo::DemoArgs),
-    /// Measure budgetscope (method and figures: BENCHMARKS.md).
-    #[command(subcommand)]
-    Bench(crate::bench::BenchCommand),
-    /// Work with alert rules files.
-    #[command(subcommand)]
-    Rules(RulesCommand),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum RulesCommand {
-    /// Validate a rules file: prints every problem with its rule and field and exits
-    /// non-zero when there is one.
-    Check {
-        /// The YAML rules file (top level `rules:` and `receivers:`).
-        file: std::path::PathBuf,
-    },
-}
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -229,6 +186,21 @@ fn invalid(
 }
 
 impl ServeArgs {
+    /// `serve`'s flags parsed from `argv` (the first item is the program's name) as the
+    /// binary parses them, for tests and embedders.
+    pub fn try_parse_from<I, T>(argv: I) -> Result<ServeArgs, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        <Serve as clap::Parser>::try_parse_from(argv).map(|serve| serve.args)
+    }
+
     pub fn validate(&self) -> Result<ServeConfig, ConfigError> {
         let addr = |flag, env, value: &str| {
             parse_addr(value).ok_or_else(|| {
@@ -507,12 +479,9 @@ mod tests {
     use super::*;
 
     fn args(extra: &[&str]) -> Result<ServeConfig, String> {
-        let mut argv = vec!["budgetscope", "serve"];
+        let mut argv = vec!["serve"];
         argv.extend_from_slice(extra);
-        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
-        let Command::Serve(serve) = cli.command else {
-            unreachable!()
-        };
+        let serve = ServeArgs::try_parse_from(argv).map_err(|e| e.to_string())?;
         serve.validate().map_err(|e| e.to_string())
     }
 

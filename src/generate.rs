@@ -326,3 +326,34 @@ pub fn large_trace(size: usize) -> Vec<crate::model::Span> {
     }
     spans
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::DEFAULT_BUDGET_KEYS;
+    use crate::normalize::{NormalizeOptions, normalize};
+
+    #[test]
+    fn generated_traces_are_valid_and_carry_budgets() {
+        let requests = generate(1_000, 100);
+        assert_eq!(requests.len(), 10);
+        let options = NormalizeOptions {
+            budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        };
+        let now = now_unix_nano() as u64;
+        let spans: Vec<_> = requests
+            .into_iter()
+            .flat_map(|r| normalize(r, &options, now).spans)
+            .collect();
+        assert_eq!(spans.len(), 1_000, "every generated span is valid");
+        assert!(
+            spans.iter().all(|s| s.budget.is_some()),
+            "every hop and call has a budget"
+        );
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.service == "edge" && s.parent_span_id.is_none())
+        );
+    }
+}

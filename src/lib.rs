@@ -6,7 +6,6 @@
 pub mod alerter;
 pub mod alerts;
 pub mod analyze;
-pub mod bench;
 pub mod budget;
 pub mod codec;
 pub mod config;

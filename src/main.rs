@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use budgetscope::config::{Cli, Command, RulesCommand};
-use clap::Parser as _;
+use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc instead of glibc's malloc. Ingest allocates many small strings per span on one
@@ -11,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 /// and `malloc_consolidate` were nearly half of the request threads' time. jemalloc used
 /// 10–20 % less server CPU and committed 6–22 % more spans/s in every ingest configuration,
 /// and peak RSS at 10k spans/s stayed within its run-to-run spread (BENCHMARKS.md,
-/// "jemalloc"). SQLite keeps calling glibc's allocator.
+/// "Design decisions and what they bought"). SQLite keeps calling glibc's allocator.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -34,6 +33,46 @@ struct JemallocOptions(*const std::ffi::c_char);
 // SAFETY: the pointer is to a static, immutable C string.
 unsafe impl Sync for JemallocOptions {}
 
+#[derive(Debug, Parser)]
+#[command(
+    name = "budgetscope",
+    version,
+    about = "An OTLP trace endpoint that shows where each request's deadline budget went",
+    long_about = "budgetscope receives OpenTelemetry traces over OTLP (gRPC and HTTP), stores \
+        them in SQLite (default) or Postgres, and reads the remaining deadline budget that \
+        services record on their spans (deadline.remaining_ms and friends).\n\n\
+        Every setting can also be given as an environment variable (shown as [env: …])."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Parsed once at start-up, so the size of its largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the OTLP receivers, the UI and the JSON API.
+    Serve(budgetscope::config::ServeArgs),
+    /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
+    Analyze(budgetscope::offline::AnalyzeArgs),
+    /// Send generated multi-hop traces with budgets to a running server, to try the UI.
+    Demo(budgetscope::demo::DemoArgs),
+    /// Work with alert rules files.
+    #[command(subcommand)]
+    Rules(RulesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum RulesCommand {
+    /// Validate a rules file: prints every problem with its rule and field and exits
+    /// non-zero when there is one.
+    Check {
+        /// The YAML rules file (top level `rules:` and `receivers:`).
+        file: std::path::PathBuf,
+    },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -54,7 +93,6 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::Bench(command) => budgetscope::bench::run(command).await,
             Command::Analyze(args) => budgetscope::offline::run(args),
             Command::Demo(args) => budgetscope::demo::run(args).await,
             Command::Rules(RulesCommand::Check { file }) => rules_check(&file),

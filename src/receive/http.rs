@@ -338,7 +338,7 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
 /// and the spans left out one by one.
 pub(crate) type Decoded = (ExportTraceServiceRequest, bool, Vec<Rejection>);
 
-pub(crate) fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
+pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
     let bad = |message: String| {
         OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
     };

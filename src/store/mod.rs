@@ -239,7 +239,7 @@ impl EncodedBatch {
 /// `ResourceSpans` share one resource, so its JSON is written once per run of spans sharing
 /// it; so are the details of consecutive spans of one scope that have no events, links or
 /// warnings (most spans).
-pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
+pub fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
     let mut rows = Vec::with_capacity(spans.len());
     let mut last_resource: Option<(Arc<crate::model::Attributes>, Arc<str>)> = None;
     let mut last_plain_details: Option<(crate::model::Scope, Arc<str>)> = None;
@@ -300,7 +300,7 @@ pub(crate) fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
 }
 
 /// The distinct (service, name, kind, latest start) of a batch, for the operations table.
-pub(crate) fn batch_operations(spans: &[Span]) -> Vec<OperationRow> {
+pub fn batch_operations(spans: &[Span]) -> Vec<OperationRow> {
     let mut seen: std::collections::HashMap<(&str, &str, i16), i64> = Default::default();
     for span in spans {
         let start = i64::try_from(span.start_unix_nano).unwrap_or(i64::MAX);
@@ -329,7 +329,7 @@ pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      origins = excluded.origins, flags = excluded.flags";
 
 /// The wall clock, in unix nanoseconds, for commit marks.
-pub(crate) fn now_unix_nano() -> i64 {
+pub fn now_unix_nano() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)

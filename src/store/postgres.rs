@@ -23,7 +23,7 @@ use super::query::{
 };
 use super::rollup::{
     HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
-    apply_rollups, hourly, trace_hops_insert,
+    apply_rollups, hourly, new_hops, trace_hops_insert,
 };
 use super::{decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
@@ -156,23 +156,8 @@ impl PostgresStore {
         }
     }
 
-    /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
-    /// scanning the spans of the range instead of reading rollups.
-    pub(crate) async fn raw_hop_scan(&self, since: u64, until: u64) -> Result<usize, StoreError> {
-        let rows: Vec<(String, String, i64, Option<f64>)> = sqlx::query_as(
-            "SELECT service, name, count(*), avg(budget_ms) FROM spans \
-             WHERE kind IN (2, 5) AND start_unix_nano >= $1 AND start_unix_nano < $2 \
-             GROUP BY service, name",
-        )
-        .bind(i64::try_from(since).unwrap_or(i64::MAX))
-        .bind(i64::try_from(until).unwrap_or(i64::MAX))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.len())
-    }
-
     /// Inserts already-encoded rows in one transaction.
-    pub(crate) async fn insert_rows(
+    pub async fn insert_rows(
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
@@ -225,7 +210,7 @@ impl PostgresStore {
 
     /// The benchmark's raw ceiling: the same rows through `COPY … FROM STDIN` (CSV), which
     /// cannot skip duplicates and so is no substitute for `insert_rows`.
-    pub(crate) async fn copy_rows(&self, rows: &[SpanRow]) -> Result<u64, StoreError> {
+    pub async fn copy_rows(&self, rows: &[SpanRow]) -> Result<u64, StoreError> {
         let mut csv = Vec::with_capacity(rows.len() * 512);
         for row in rows {
             write_csv_row(&mut csv, row);
@@ -508,16 +493,7 @@ impl Store for PostgresStore {
         .bind(&term_ids)
         .execute(&mut *tx)
         .await?;
-        let new_hops: Vec<(&[u8], &HopSample)> = traces
-            .iter()
-            .flat_map(|(summary, hops)| {
-                hops.iter()
-                    .map(move |hop| (summary.trace_id.0.as_slice(), hop))
-            })
-            .collect();
-        for (_, hops) in traces {
-            add_samples(&mut deltas, hops, 1);
-        }
+        let new_hops = new_hops(traces, &mut deltas);
         for chunk in new_hops.chunks(5000) {
             let mut insert = trace_hops_insert::<Postgres>(chunk);
             insert.build().execute(&mut *tx).await?;

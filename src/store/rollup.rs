@@ -7,6 +7,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use crate::analyze::hops::{COUNTED, Histogram, HopSample, Rollup, minute_of};
+use crate::analyze::summary::TraceSummary;
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
 const HOUR_NANOS: u64 = 3_600_000_000_000;
@@ -149,6 +150,24 @@ where
             .push_bind(hop.wasted_ms);
     });
     insert
+}
+
+/// Each hop of each analysed trace with its trace id, the rows for `trace_hops`; their
+/// samples are added to `deltas`.
+pub(crate) fn new_hops<'a>(
+    traces: &'a [(TraceSummary, Vec<HopSample>)],
+    deltas: &mut BTreeMap<RollupKey, Rollup>,
+) -> Vec<(&'a [u8], &'a HopSample)> {
+    for (_, hops) in traces {
+        add_samples(deltas, hops, 1);
+    }
+    traces
+        .iter()
+        .flat_map(|(summary, hops)| {
+            hops.iter()
+                .map(move |hop| (summary.trace_id.0.as_slice(), hop))
+        })
+        .collect()
 }
 
 /// Adds samples (weight +1) or takes them back out (−1) of per-key deltas.

@@ -20,7 +20,7 @@ use super::query::{
 };
 use super::rollup::{
     HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
-    apply_rollups, hourly, trace_hops_insert,
+    apply_rollups, hourly, new_hops, trace_hops_insert,
 };
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
@@ -40,48 +40,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// How often the background checkpointer copies the WAL into the database file.
 const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 
-/// WAL frames (pages, 4 KiB by default) past which the writer is asked to start the WAL
-/// over (`SqliteStore::reset_wal_if_due`).
+/// WAL frames (4 KiB pages) past which the WAL starts over. Under writes that never pause,
+/// passive checkpoints never reach the last frame and SQLite never starts the WAL over by
+/// itself. So the checkpointer flushes the database file and copies what was committed
+/// meanwhile until little is left (`RESET_LEFT_FRAMES`), then asks the writer
+/// (`WalSignals::reset_due`), which checkpoints between two transactions, when nothing
+/// else commits: the next transaction starts the WAL over. Leaving the whole reset to the
+/// writers' commits (`wal_autocheckpoint` alone) cost 25 % of sustained ingest
+/// (BENCHMARKS.md, "WAL").
 const WAL_RESET_FRAMES: i64 = 16_384;
 
-/// How long the checkpointer's TRUNCATE waits for the write lock and then for readers
-/// before it gives up until its next pass (SQLite's busy timeout on its connection). It
-/// holds the write lock while it waits for readers: with the 10 s every other connection
-/// has, a reader keeping an old snapshot stalled every write for 10 s, and the write then
-/// failed (test: `sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot`).
-const CHECKPOINTER_WAIT: Duration = Duration::from_millis(100);
+/// Frames a flush-and-copy round of the checkpointer may copy and still leave the writer's
+/// reset checkpoint to copy and flush what follows; more, and it flushes again (at most
+/// three rounds): the writer waits for that checkpoint between two transactions.
+const RESET_LEFT_FRAMES: i64 = 256;
 
-/// The WAL file size past which the checkpointer cuts it back once writes pause.
-const WAL_KEPT_BYTES: u64 = 64 << 20;
-
-/// Checkpointer passes in a row that found the WAL past `WAL_RESET_FRAMES` without its
-/// having started over since the pass before, after which the checkpointer forces the reset
-/// itself: the writer's resets keep failing (a reader holds an old snapshot).
-const WAL_FORCED_RESET_PASSES: u32 = 4;
-
-/// The checkpoint sequence number in the WAL file's header, which SQLite raises each time
-/// the WAL starts over (https://sqlite.org/fileformat2.html#walformat).
-pub fn wal_sequence(wal: &std::path::Path) -> Option<u32> {
-    use std::io::Read as _;
-    let mut header = [0u8; 16];
-    std::fs::File::open(wal)
-        .ok()?
-        .read_exact(&mut header)
-        .ok()?;
-    Some(u32::from_be_bytes([
-        header[12], header[13], header[14], header[15],
-    ]))
-}
+/// The writers' own checkpoint at commit (SQLite's `wal_autocheckpoint`), at four times
+/// `WAL_RESET_FRAMES`: it bounds the WAL when the checkpointer falls behind the writes or
+/// readers keep older snapshots past a reset, and it is retried at every commit. At twice,
+/// it fired under steady load and doubled the export p99 (BENCHMARKS.md, "WAL").
+const WAL_BOUND_FRAMES: &str = "65536";
 
 pub struct SqliteStore {
     writer: SqlitePool,
+    /// What the checkpointer tells the writer about the WAL.
+    wal: Arc<WalSignals>,
     /// The write connections, one write at a time (`write_connection`, `insert_rows`).
     writes: tokio::sync::Mutex<WriteSide>,
     /// The database file, which the ingest writer opens itself; `None` in memory.
     file: Option<std::path::PathBuf>,
     reader: SqlitePool,
-    /// What the checkpointer tells the writer about the WAL.
-    wal: Arc<WalSignals>,
     /// Stops the background checkpointer when the store is dropped.
     _checkpointer: Option<tokio_util::sync::DropGuard>,
 }
@@ -143,8 +131,8 @@ impl SqliteStore {
             writer.clone()
         } else {
             // Readers see the file through the map; their page caches hold mostly pages
-            // read from the WAL. 2 MiB each instead of 8: peak RSS at a steady 10k spans/s
-            // 146–150 → 137 MiB with the same query times (BENCHMARKS.md).
+            // read from the WAL. 2 MiB each instead of 8 keeps the peak RSS at a steady 10k
+            // spans/s under 150 MiB, with the same query times.
             let options = options
                 .clone()
                 .read_only(true)
@@ -163,20 +151,20 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             writer,
+            wal,
             writes: tokio::sync::Mutex::new(WriteSide {
                 sqlx: None,
                 ingest: None,
             }),
             file,
             reader,
-            wal,
             _checkpointer: checkpointer,
         })
     }
 
     /// The sqlx write connection, for one transaction of retention or the analyzer (and of
-    /// every write to an in-memory database). Every write first gives the WAL its reset
-    /// when one is due (`WalSignals::reset_due`).
+    /// every write to an in-memory database). Every write first starts the WAL over when
+    /// that is due.
     ///
     /// The connection stays out of the pool between writes: given back after each one, sqlx
     /// pinged it on its worker thread and the next write waited for that hand-back.
@@ -190,57 +178,16 @@ impl SqliteStore {
             keep: false,
             in_memory: self.file.is_none(),
         };
-        self.reset_wal_if_due(&mut conn).await;
+        if self.take_wal_reset() {
+            log_reset(passive_checkpoint(&mut conn).await);
+        }
         Ok(conn)
     }
 
-    /// When the checkpointer asked for a WAL reset, runs a passive checkpoint on the
-    /// connection about to write (this one, or ingest's in `reset_wal_if_due_on`), between
-    /// two transactions: nothing else commits meanwhile (`WriteSide`), so it copies the
-    /// WAL's last frames, and the transaction that follows starts the WAL over from its
-    /// first byte. Done by the checkpointer's connection instead, the reset held the writer
-    /// off for 90–190 ms (lock waits with SQLite's sleeping busy handler on both sides, then
-    /// a truncate); here it costs ~35 ms, the checkpointer having flushed the database file
-    /// first (BENCHMARKS.md, "Ingest").
-    async fn reset_wal_if_due(&self, conn: &mut sqlx::SqliteConnection) {
-        if let Some(started) = self.take_wal_reset() {
-            log_writer_checkpoint(passive_checkpoint(&mut *conn).await, started);
-        }
-    }
-
-    /// `reset_wal_if_due` on the ingest writer's own connection.
-    fn reset_wal_if_due_on(&self, db: &rusqlite::Connection) {
-        if let Some(started) = self.take_wal_reset() {
-            let result = db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            });
-            log_writer_checkpoint(result, started);
-        }
-    }
-
-    /// Takes the checkpointer's request for a WAL reset, if there is one: the time the
-    /// writer's checkpoint starts, for its log line.
-    fn take_wal_reset(&self) -> Option<std::time::Instant> {
-        self.wal
-            .reset_due
-            .swap(false, Ordering::AcqRel)
-            .then(std::time::Instant::now)
-    }
-
-    /// The benchmark's baseline for `GET /api/hops`: the same per-hop counts computed by
-    /// scanning the spans of the range instead of reading rollups.
-    pub(crate) async fn raw_hop_scan(&self, since: u64, until: u64) -> Result<usize, StoreError> {
-        let rows: Vec<(String, String, i64, Option<f64>)> = sqlx::query_as(
-            "SELECT service, name, count(*), avg(budget_ms) FROM spans \
-             WHERE kind IN (2, 5) AND (start_unix_nano >> 30) BETWEEN (?1 >> 30) AND (?2 >> 30) \
-             AND start_unix_nano >= ?1 AND start_unix_nano < ?2 \
-             GROUP BY service, name",
-        )
-        .bind(i64::try_from(since).unwrap_or(i64::MAX))
-        .bind(i64::try_from(until).unwrap_or(i64::MAX))
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(rows.len())
+    /// Whether the checkpointer asked for a WAL reset (`WAL_RESET_FRAMES`), which the
+    /// caller then runs: a PASSIVE checkpoint on the connection about to write.
+    fn take_wal_reset(&self) -> bool {
+        self.wal.reset_due.swap(false, Ordering::AcqRel)
     }
 
     /// Inserts already-encoded rows in one transaction (also the benchmark's raw ceiling).
@@ -252,7 +199,7 @@ impl SqliteStore {
     /// copied into an argument buffer first (30–68 % more spans/s end to end without,
     /// BENCHMARKS.md, "Ingest"); through sqlx's locked raw handle, each transaction still
     /// began with a round trip to that thread, 0.45 ms under load.
-    pub(crate) async fn insert_rows(
+    pub async fn insert_rows(
         &self,
         rows: &[SpanRow],
         operations: &[OperationRow],
@@ -267,7 +214,11 @@ impl SqliteStore {
                 side.ingest = Some(open_ingest_connection(file)?);
             }
             let db = side.ingest.as_ref().expect("opened above");
-            self.reset_wal_if_due_on(db);
+            if self.take_wal_reset() {
+                log_reset(db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                }));
+            }
             insert_on(db, rows, operations, traces)
         });
         if result.is_err() {
@@ -321,13 +272,7 @@ const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
 
 /// Settings of the connections that write to a database file, over `CONNECTION_PRAGMAS`.
 const WRITER_PRAGMAS: &[(&str, &str)] = &[
-    // Checkpoints run on their own connection (`start_checkpointer`), not in commits.
-    ("wal_autocheckpoint", "0"),
-    // The WAL file keeps its size when it starts over (SQLite's default, made explicit):
-    // cutting it back to 64 MiB each time made the writer wait on the file system, 3 % of
-    // its time under load (synchronous discards on ext4 mounted with `discard`). The
-    // checkpointer cuts it back once writes pause.
-    ("journal_size_limit", "-1"),
+    ("wal_autocheckpoint", WAL_BOUND_FRAMES),
     // The writer's B-tree descents touch pages all over the file: through a map they would
     // all count as the server's resident memory. It reads through its own bounded page
     // cache instead.
@@ -484,200 +429,85 @@ fn run_blocking<T>(work: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Logs the writer's checkpoint before a WAL reset: (busy, frames in the WAL, frames copied).
-fn log_writer_checkpoint(
-    result: Result<(i64, i64, i64), impl std::fmt::Display>,
-    started: std::time::Instant,
-) {
+/// Logs a writer's checkpoint before a WAL reset: (busy, frames in the WAL, frames copied).
+fn log_reset(result: Result<(i64, i64, i64), impl std::fmt::Display>) {
     match result {
-        Ok((busy, wal_frames, copied)) => tracing::debug!(
-            busy,
-            wal_frames,
-            copied,
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "writer checkpointed before starting the WAL over"
-        ),
-        Err(error) => tracing::warn!(
-            %error,
-            "sqlite could not checkpoint before starting its WAL over; will try again"
-        ),
-    }
-}
-
-/// A TRUNCATE checkpoint: copies every frame and starts the WAL over at zero bytes, once it
-/// has the write lock and no reader uses the WAL (it gives up after its connection's busy
-/// timeout, `CHECKPOINTER_WAIT`, and reports that rather than failing).
-async fn truncate_wal(conn: &mut sqlx::SqliteConnection) {
-    if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(conn)
-        .await
-    {
-        tracing::warn!(%error, "sqlite could not truncate its WAL; will try again");
+        Ok((busy, frames, copied)) => {
+            tracing::debug!(busy, frames, copied, "writer checkpointed to start the WAL over")
+        }
+        Err(error) => tracing::warn!(%error, "sqlite could not checkpoint its WAL; will try again"),
     }
 }
 
 /// A PASSIVE checkpoint, which copies what it can without waiting for anyone: (1 if it
 /// could not run because another connection was checkpointing, frames in the WAL, frames
 /// copied so far).
-async fn passive_checkpoint<'c>(
-    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+async fn passive_checkpoint(
+    conn: &mut sqlx::SqliteConnection,
 ) -> Result<(i64, i64, i64), sqlx::Error> {
     sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-        .fetch_one(executor)
+        .fetch_one(conn)
         .await
-}
-
-/// Frames a checkpointer pass may leave uncopied, or copy without flushing them, before it
-/// asks the writer for a WAL reset: what the writer's own checkpoint then copies and flushes.
-const RESET_LEFT_FRAMES: i64 = 256;
-
-/// Flush-and-copy rounds `flush_for_reset` runs at most.
-const RESET_FLUSH_ROUNDS: usize = 2;
-
-/// Flushes the database file before the checkpointer asks for a WAL reset. The writer's
-/// checkpoint ends with an fsync of the file (the WAL must not start over before what it
-/// held is on disk), and the writer waits for it between two transactions: unflushed, it
-/// held every page the passes since the last reset had copied (33–47 ms per reset, by
-/// strace). `copied` is the frames copied as of the checkpointer's last pass.
-///
-/// The writer commits while the file is flushed, so a pass after the flush copies those
-/// frames, and a second flush follows when that pass copied more than `RESET_LEFT_FRAMES`.
-/// With one flush only, the writer's checkpoint was left with everything committed during
-/// it to copy and flush: 114–320 ms per reset (median 207) on a slower machine's disk,
-/// against 72–248 ms (median 118) with more rounds (BENCHMARKS.md). Four rounds measured
-/// within the spread of two, and each round lets the WAL grow by what the writer commits
-/// during it, so two are run.
-async fn flush_for_reset(
-    database: &std::path::Path,
-    conn: &mut sqlx::SqliteConnection,
-    mut copied: i64,
-) {
-    for _ in 0..RESET_FLUSH_ROUNDS {
-        let file = database.to_owned();
-        let synced = tokio::task::spawn_blocking(move || {
-            std::fs::File::open(file).and_then(|file| file.sync_data())
-        })
-        .await;
-        if let Ok(Err(error)) = synced {
-            tracing::warn!(%error, "could not flush the database file before a WAL reset");
-            return;
-        }
-        match passive_checkpoint(&mut *conn).await {
-            Ok((_, _, now_copied)) if now_copied - copied > RESET_LEFT_FRAMES => {
-                copied = now_copied;
-            }
-            _ => return,
-        }
-    }
 }
 
 /// What the checkpointer tells the writer, between two of its transactions.
 #[derive(Default)]
 struct WalSignals {
-    /// Set when the WAL has grown past `WAL_RESET_FRAMES` and the checkpointer has copied
-    /// nearly all of it; the next write transaction first lets the WAL start over.
+    /// Set when the WAL has passed `WAL_RESET_FRAMES` and the checkpointer has flushed and
+    /// copied what it could; the next write transaction first starts the WAL over.
     reset_due: AtomicBool,
 }
 
 /// Copies committed WAL frames into the database file every `CHECKPOINT_PERIOD` with a
-/// PASSIVE checkpoint, which never blocks the writer or readers. The writer's own
-/// auto-checkpoint is off, so commits never pay for this work.
+/// PASSIVE checkpoint on its own connection, which never waits for the writer or readers,
+/// and prepares the writer's WAL resets (`WAL_RESET_FRAMES`). A clean shutdown truncates
+/// the WAL.
 async fn start_checkpointer(
     options: SqliteConnectOptions,
     signals: Arc<WalSignals>,
 ) -> Result<tokio_util::sync::DropGuard, StoreError> {
     use sqlx::Connection as _;
-    let mut conn =
-        sqlx::SqliteConnection::connect_with(&options.clone().busy_timeout(CHECKPOINTER_WAIT))
-            .await?;
+    let mut conn = sqlx::SqliteConnection::connect_with(&options).await?;
     let database = options.get_filename().to_owned();
-    let wal = {
-        let mut path = database.as_os_str().to_owned();
-        path.push("-wal");
-        std::path::PathBuf::from(path)
-    };
     let stop = tokio_util::sync::CancellationToken::new();
     let stopped = stop.clone();
     tokio::spawn(async move {
-        // The WAL's sequence number at the last pass, and passes since it last changed.
-        let (mut last_sequence, mut stuck_passes) = (None, 0);
-        // Frames in the WAL at the last pass.
-        let mut last_frames = -1;
         loop {
             tokio::select! {
                 _ = stopped.cancelled() => break,
                 _ = tokio::time::sleep(CHECKPOINT_PERIOD) => {}
             }
             match passive_checkpoint(&mut conn).await {
-                // Under steady writes a passive checkpoint never catches up with the last
-                // frame, so SQLite never starts the WAL over and it would grow without
-                // bound. The writer resets it between two transactions (`reset_wal_if_due`).
-                Ok((_, wal_frames, mut copied)) if wal_frames > WAL_RESET_FRAMES => {
-                    // Copies what the writer committed during the pass above, so that the
-                    // writer's own checkpoint has only the last few frames left to copy.
+                Ok((_, frames, mut copied)) if frames > WAL_RESET_FRAMES => {
                     for _ in 0..3 {
+                        let file = database.clone();
+                        let synced = tokio::task::spawn_blocking(move || {
+                            std::fs::File::open(file).and_then(|file| file.sync_data())
+                        })
+                        .await;
+                        if let Ok(Err(error)) = synced {
+                            tracing::warn!(%error, "could not flush the database file");
+                        }
+                        // What the writer committed during the flush.
                         match passive_checkpoint(&mut conn).await {
-                            Ok((_, frames, now_copied)) => {
-                                copied = now_copied;
-                                if frames - now_copied <= RESET_LEFT_FRAMES {
-                                    break;
-                                }
-                            }
-                            Err(_) => break,
+                            Ok((_, _, now)) if now - copied > RESET_LEFT_FRAMES => copied = now,
+                            _ => break,
                         }
                     }
-                    flush_for_reset(&database, &mut conn, copied).await;
-                    // Still set from the pass before: the writer has not begun a transaction
-                    // since, so a TRUNCATE here holds nobody off.
-                    let writer_idle = signals.reset_due.swap(true, Ordering::AcqRel);
-                    let sequence = wal_sequence(&wal);
-                    stuck_passes = if sequence == last_sequence {
-                        stuck_passes + 1
-                    } else {
-                        0
-                    };
-                    last_sequence = sequence;
-                    if !writer_idle && stuck_passes < WAL_FORCED_RESET_PASSES {
-                        continue;
-                    }
-                    // TRUNCATE waits for readers, holds the writer off, copies every frame
-                    // and restarts the WAL at zero bytes.
-                    tracing::debug!(
-                        wal_frames,
-                        writer_idle,
-                        stuck_passes,
-                        "checkpointer truncates the WAL"
-                    );
-                    stuck_passes = 0;
-                    signals.reset_due.store(false, Ordering::Release);
-                    truncate_wal(&mut conn).await;
+                    signals.reset_due.store(true, Ordering::Release);
                 }
-                Ok((_, wal_frames, copied)) => {
-                    stuck_passes = 0;
-                    // The writer keeps the WAL file at its size when it starts over
-                    // (`journal_size_limit` on its connection). Once writes pause (nothing
-                    // committed since the last pass, every frame copied), the file is cut
-                    // back, which then holds nobody off.
-                    let idle = wal_frames == copied && wal_frames == last_frames;
-                    let size = || std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-                    if idle && size() > WAL_KEPT_BYTES {
-                        tracing::debug!(size = size(), "checkpointer truncates the idle WAL");
-                        truncate_wal(&mut conn).await;
-                    }
-                    last_frames = wal_frames;
-                }
+                Ok(_) => {}
                 Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
             }
         }
-        // A last full pass so the WAL does not outlive a clean shutdown: nothing writes any
-        // more, so it may wait out the readers as long as anyone.
-        let _ = sqlx::query(AssertSqlSafe(format!(
-            "PRAGMA busy_timeout = {}",
-            BUSY_TIMEOUT.as_millis()
-        )))
-        .execute(&mut conn)
-        .await;
-        truncate_wal(&mut conn).await;
+        // Nothing writes any more: copies every frame and leaves the WAL empty, waiting for
+        // readers as long as any connection waits (`BUSY_TIMEOUT`).
+        if let Err(error) = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await
+        {
+            tracing::warn!(%error, "sqlite could not truncate its WAL at shutdown");
+        }
         let _ = conn.close().await;
     });
     Ok(stop.drop_guard())
@@ -703,13 +533,8 @@ impl Store for SqliteStore {
     }
 
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
-        let rows: Vec<StoredRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = ? ORDER BY start_unix_nano, span_id"
-        )))
-        .bind(trace_id.0.as_slice())
-        .fetch_all(&self.reader)
-        .await?;
-        decode_rows(rows)
+        let mut q = spans_of(&[trace_id], " ORDER BY start_unix_nano, span_id");
+        decode_rows(q.build_query_as().fetch_all(&self.reader).await?)
     }
 
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
@@ -869,25 +694,17 @@ impl Store for SqliteStore {
         let ids: Vec<&[u8]> = analysed.iter().map(|(id, _)| id.0.as_slice()).collect();
         for chunk in ids.chunks(500) {
             let mut old: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN ("
+                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN "
             ));
-            let mut list = old.separated(", ");
-            for id in chunk {
-                list.push_bind(*id);
-            }
-            list.push_unseparated(")");
+            push_list(&mut old, chunk.iter().copied());
             let rows: Vec<StoredTraceHop> = old.build_query_as().fetch_all(&mut *tx).await?;
             let rows: Vec<HopSample> = rows.into_iter().map(StoredTraceHop::decode).collect();
             add_samples(&mut deltas, &rows, -1);
 
             for table in ["trace_hops", "trace_terms"] {
                 let mut delete: QueryBuilder<Sqlite> =
-                    QueryBuilder::new(format!("DELETE FROM {table} WHERE trace_id IN ("));
-                let mut list = delete.separated(", ");
-                for id in chunk {
-                    list.push_bind(*id);
-                }
-                list.push_unseparated(")");
+                    QueryBuilder::new(format!("DELETE FROM {table} WHERE trace_id IN "));
+                push_list(&mut delete, chunk.iter().copied());
                 delete.build().execute(&mut *tx).await?;
             }
         }
@@ -909,16 +726,7 @@ impl Store for SqliteStore {
             insert.push(" ON CONFLICT DO NOTHING");
             insert.build().execute(&mut *tx).await?;
         }
-        let new_hops: Vec<(&[u8], &HopSample)> = traces
-            .iter()
-            .flat_map(|(summary, hops)| {
-                hops.iter()
-                    .map(move |hop| (summary.trace_id.0.as_slice(), hop))
-            })
-            .collect();
-        for (_, hops) in traces {
-            add_samples(&mut deltas, hops, 1);
-        }
+        let new_hops = new_hops(traces, &mut deltas);
         for chunk in new_hops.chunks(1000) {
             let mut insert = trace_hops_insert::<Sqlite>(chunk);
             insert.build().execute(&mut *tx).await?;
@@ -931,12 +739,9 @@ impl Store for SqliteStore {
             // The first list lets SQLite find the marks by the key's time; on the pairs
             // alone it scans the whole table.
             let mut clear: QueryBuilder<Sqlite> =
-                QueryBuilder::new("DELETE FROM trace_marks WHERE received_unix_nano IN (");
-            let mut times = clear.separated(", ");
-            for (_, mark) in chunk {
-                times.push_bind(*mark);
-            }
-            clear.push(") AND (received_unix_nano, trace_id) IN (");
+                QueryBuilder::new("DELETE FROM trace_marks WHERE received_unix_nano IN ");
+            push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
+            clear.push(" AND (received_unix_nano, trace_id) IN (");
             clear.push_values(chunk, |mut b, (id, mark)| {
                 b.push_bind(*mark).push_bind(id.0.as_slice());
             });
@@ -1000,16 +805,23 @@ impl Store for SqliteStore {
 
 /// The spans of `traces` (at most SQLite's parameter limit of them), then `tail`.
 fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
-    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-        "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN ("
-    ));
-    let mut ids = q.separated(", ");
-    for id in traces {
-        ids.push_bind(id.0.to_vec());
-    }
-    ids.push_unseparated(")");
+    let mut q = QueryBuilder::new(format!("SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "));
+    push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
     q.push(tail);
     q
+}
+
+/// Appends `(?, ?, …)`, one parameter per value.
+fn push_list<'t, T>(q: &mut QueryBuilder<Sqlite>, values: impl IntoIterator<Item = T>)
+where
+    T: sqlx::Encode<'t, Sqlite> + sqlx::Type<Sqlite>,
+{
+    q.push("(");
+    let mut list = q.separated(", ");
+    for value in values {
+        list.push_bind(value);
+    }
+    list.push_unseparated(")");
 }
 
 /// Rollup keys per statement: three parameters each, within SQLite's parameter limit.

@@ -8,10 +8,9 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use budgetscope::config::{Cli, Command, ServeConfig};
+use budgetscope::config::{ServeArgs, ServeConfig};
 use budgetscope::model::{AttrValue, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 use budgetscope::server::{self, RunningServer};
-use clap::Parser as _;
 use sqlx::Connection as _;
 
 pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -134,7 +133,6 @@ pub fn unique_suffix() -> String {
 /// A serve config on free loopback ports, with extra flags.
 pub fn config(db: &TestDb, extra: &[&str]) -> ServeConfig {
     let mut argv = vec![
-        "budgetscope",
         "serve",
         "--otlp-grpc-addr",
         "127.0.0.1:0",
@@ -146,9 +144,7 @@ pub fn config(db: &TestDb, extra: &[&str]) -> ServeConfig {
         &db.url,
     ];
     argv.extend_from_slice(extra);
-    let Command::Serve(args) = Cli::try_parse_from(argv).expect("test flags parse").command else {
-        unreachable!("serve")
-    };
+    let args = ServeArgs::try_parse_from(argv).expect("test flags parse");
     args.validate().expect("test config is valid")
 }
 

@@ -1,0 +1,134 @@
+//! The `budgetscope-bench` harness as a user runs it: each benchmark on a small run, the
+//! ingest benchmark against the `budgetscope` binary beside it.
+
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_budgetscope-bench");
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("binary runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_lists_every_benchmark() {
+    let (ok, help, _) = run(&["--help"]);
+    assert!(ok, "{help}");
+    for bench in ["ingest", "analyze", "query", "ui", "receive"] {
+        assert!(help.contains(bench), "{bench} missing from:\n{help}");
+    }
+    let (ok, help, _) = run(&["ingest", "--help"]);
+    assert!(ok && help.contains("--transport") && help.contains("--concurrency"));
+    assert!(help.contains("--server"), "{help}");
+}
+
+/// Without `--server`, the harness needs the `budgetscope` binary beside it, and says how
+/// to get one when it is missing.
+#[test]
+fn ingest_names_the_missing_server_binary_and_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("budgetscope-bench");
+    std::fs::copy(BIN, &copy).unwrap();
+    let output = Command::new(&copy)
+        .args(["ingest", "--spans", "10"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("no budgetscope binary at") && stderr.contains("--server"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_ingest_runs_and_checks_stored_equals_sent() {
+    for transport in ["grpc", "http-proto", "http-json"] {
+        let (ok, stdout, stderr) = run(&[
+            "ingest",
+            "--spans",
+            "600",
+            "--batch",
+            "50",
+            "--concurrency",
+            "2",
+            "--transport",
+            transport,
+            "--gzip",
+        ]);
+        assert!(ok, "{transport}: {stderr}");
+        assert!(
+            stdout.contains("| spans sent / stored after shutdown | 600 / 600 |"),
+            "{transport}: {stdout}"
+        );
+        assert!(
+            stdout.contains("end to end / raw INSERT ceiling"),
+            "{stdout}"
+        );
+        // A run this small may not last one clock tick per thread: the row, not its values.
+        assert!(stdout.contains("| server CPU by thread name"), "{stdout}");
+        assert!(stdout.contains("| senders' CPU"), "{stdout}");
+        // Linux keeps per-thread scheduler statistics (schedstat) on the machines CI runs on.
+        assert!(stdout.contains("| ingest writer: on a CPU"), "{stdout}");
+        assert!(
+            stderr.contains("generating 600 spans"),
+            "progress is shown: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn bench_receive_runs_both_paths() {
+    for format in [None, Some("--json")] {
+        let mut args = vec![
+            "receive", "--spans", "2000", "--batch", "100", "--rounds", "1",
+        ];
+        args.extend(format);
+        let (ok, stdout, stderr) = run(&args);
+        assert!(ok, "{format:?}: {stderr}");
+        assert!(
+            stdout.contains("| receivers' work ÷ baseline | "),
+            "{stdout}"
+        );
+        assert_eq!(
+            stdout.contains("| budgetscope's decoder ÷ baseline | "),
+            format.is_some(),
+            "the JSON decoder alone is timed with --json only: {stdout}"
+        );
+        assert!(
+            stderr.contains("round 1 of 1"),
+            "progress is shown: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn bench_overload_is_refused_and_retried_without_loss() {
+    let (ok, stdout, stderr) = run(&[
+        "ingest",
+        "--spans",
+        "2000",
+        "--batch",
+        "100",
+        "--concurrency",
+        "4",
+        "--max-queued-spans",
+        "100",
+        "--no-ceiling",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("| spans sent / stored after shutdown | 2000 / 2000 |"),
+        "{stdout}"
+    );
+}
+
