@@ -454,7 +454,10 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
         }
         last = sequence;
     }
-    assert!(restarts >= 2, "the WAL started over {restarts} times in 600 MiB");
+    assert!(
+        restarts >= 2,
+        "the WAL started over {restarts} times in 600 MiB"
+    );
     assert!(peak < 280 << 20, "the WAL file reached {} MiB", peak >> 20);
 }
 
@@ -488,7 +491,10 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
             .unwrap();
         slowest = slowest.max(write.elapsed());
         batch += 1;
-        assert!(batch < 300, "1.2 GB of WAL written and its file is not past 256 MiB");
+        assert!(
+            batch < 300,
+            "1.2 GB of WAL written and its file is not past 256 MiB"
+        );
         if past.is_none() && file_size(&wal) > 264 << 20 {
             past = Some(std::time::Instant::now());
         }

@@ -11,7 +11,6 @@
 //! normalised and encoded, are inserted straight into a fresh database of the same schema
 //! (and, on Postgres, loaded with COPY): the ceiling the receiver path is compared with.
 
-
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -717,4 +716,3 @@ fn cpu_by_thread_name(
     sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     sorted
 }
-

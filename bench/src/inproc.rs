@@ -16,8 +16,7 @@ use budgetscope::normalize::{NormalizeOptions, normalize};
 use budgetscope::store;
 
 use crate::{
-    AnalyzeBench, BenchDatabases, QueryBench, RawScanner, ReceiveBench, UiBench,
-    median_and_range,
+    AnalyzeBench, BenchDatabases, QueryBench, RawScanner, ReceiveBench, UiBench, median_and_range,
 };
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
@@ -454,4 +453,3 @@ pub async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
     }
     Ok(())
 }
-

@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use rand::Rng as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rand::Rng as _;
 
 use budgetscope::store;
 
@@ -24,7 +24,6 @@ struct Cli {
     #[command(subcommand)]
     command: BenchCommand,
 }
-
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {

@@ -131,4 +131,3 @@ fn bench_overload_is_refused_and_retried_without_loss() {
         "{stdout}"
     );
 }
-

@@ -93,7 +93,6 @@ impl SqliteStore {
                 options.pragma(*name, *value)
             });
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
-        // Checkpoints run on their own connection (below), not in the writer's commits.
         let writer_options = if in_memory {
             options.clone()
         } else {
@@ -112,17 +111,10 @@ impl SqliteStore {
             // connection's worker thread; one file connection does not go stale between
             // two transactions (a failing one still fails the write that uses it).
             .test_before_acquire(false)
-            .min_connections(if in_memory { 1 } else { 0 })
-            .idle_timeout(if in_memory {
-                None
-            } else {
-                Some(Duration::from_secs(600))
-            })
-            .max_lifetime(if in_memory {
-                None
-            } else {
-                Some(Duration::from_secs(3600))
-            })
+            // An in-memory database lives as long as its one connection.
+            .min_connections(u32::from(in_memory))
+            .idle_timeout((!in_memory).then(|| Duration::from_secs(600)))
+            .max_lifetime((!in_memory).then(|| Duration::from_secs(3600)))
             .connect_with(writer_options)
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
@@ -433,7 +425,12 @@ fn run_blocking<T>(work: impl FnOnce() -> T) -> T {
 fn log_reset(result: Result<(i64, i64, i64), impl std::fmt::Display>) {
     match result {
         Ok((busy, frames, copied)) => {
-            tracing::debug!(busy, frames, copied, "writer checkpointed to start the WAL over")
+            tracing::debug!(
+                busy,
+                frames,
+                copied,
+                "writer checkpointed to start the WAL over"
+            )
         }
         Err(error) => tracing::warn!(%error, "sqlite could not checkpoint its WAL; will try again"),
     }
@@ -805,7 +802,9 @@ impl Store for SqliteStore {
 
 /// The spans of `traces` (at most SQLite's parameter limit of them), then `tail`.
 fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
-    let mut q = QueryBuilder::new(format!("SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "));
+    let mut q = QueryBuilder::new(format!(
+        "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "
+    ));
     push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
     q.push(tail);
     q
