@@ -3,7 +3,7 @@
 //! of them misbehave (overspend, send on spent budgets, inflate), so every view has content.
 //!
 //! Architecture invariant: a client like any exporter; it knows nothing of the server's
-//! internals and uses the same generator as `bench ingest`.
+//! internals and uses the same generator as `budgetscope-bench ingest`.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! `budgetscope bench ingest`: end-to-end ingest throughput against a real server process,
+//! `budgetscope-bench ingest`: end-to-end ingest throughput against a real server process,
 //! and, in the same run, the raw insert ceiling of the same rows (BENCHMARKS.md).
 //!
 //! Method. Traces are generated up front (multi-hop chains with budgets, realistic
