@@ -10,6 +10,7 @@ pub mod postgres;
 pub mod query;
 pub mod rollup;
 pub mod sqlite;
+mod summaries;
 
 use std::sync::Arc;
 

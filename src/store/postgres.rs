@@ -18,20 +18,15 @@ use futures_util::TryStreamExt as _;
 use sqlx::Postgres;
 
 use super::query::{
-    AttrOperand, StoredSummary, SummaryRow, TraceQuery, encode_summary, finish_search,
-    rollup_query, start_search, summary_upsert, terms,
+    AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
-use super::rollup::{
-    HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
-    apply_rollups, hourly, new_hops, trace_hops_insert,
-};
+use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
+use super::summaries::{Dialect, delete_summaries_before, write_summaries};
 use super::{decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
-use sqlx::AssertSqlSafe;
-use std::collections::BTreeMap;
 
 const INSERT_SPANS: &str = "INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, \
      start_unix_nano, end_unix_nano, status_code, status_message, budget_ms, budget_source, \
@@ -389,30 +384,7 @@ impl Store for PostgresStore {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        sqlx::query("DELETE FROM operations WHERE last_seen_unix_nano < $1")
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await?;
-        // The oldest summaries go with their index terms and hop contributions.
-        for table in ["trace_terms", "trace_hops", "trace_summaries"] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE trace_id IN \
-                 (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < $1 \
-                  ORDER BY start_unix_nano LIMIT $2)"
-            )))
-            .bind(cutoff)
-            .bind(i64::from(limit))
-            .execute(&mut *tx)
-            .await?;
-        }
-        for table in ["hop_rollups", "hop_rollups_hourly"] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE minute_unix_nano < $1"
-            )))
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await?;
-        }
+        delete_summaries_before::<Postgres>(&mut tx, cutoff, limit).await?;
         tx.commit().await?;
         Ok(deleted)
     }
@@ -445,82 +417,8 @@ impl Store for PostgresStore {
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let mut rows: Vec<SummaryRow> = traces
-            .iter()
-            .map(|(summary, _)| encode_summary(summary))
-            .collect();
-        // One upsert may not touch a row twice; sorted ids also keep lock order stable.
-        rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
-        rows.dedup_by(|a, b| a.trace_id == b.trace_id);
         let mut tx = self.pool.begin().await?;
-        if !rows.is_empty() {
-            let mut upsert = summary_upsert::<Postgres>(&rows);
-            upsert.build().execute(&mut *tx).await?;
-        }
-        // Each trace's hops replace what the trace contributed before (a late span).
-        let mut deltas = BTreeMap::new();
-        let ids: Vec<Vec<u8>> = analysed.iter().map(|(id, _)| id.0.to_vec()).collect();
-        let old: Vec<StoredTraceHop> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id = ANY($1)"
-        )))
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-        let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
-        add_samples(&mut deltas, &old, -1);
-        for table in ["trace_hops", "trace_terms"] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE trace_id = ANY($1)"
-            )))
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await?;
-        }
-        let (mut term_names, mut term_starts, mut term_ids) = (Vec::new(), Vec::new(), Vec::new());
-        for (summary, _) in traces {
-            for term in terms(summary) {
-                term_names.push(term);
-                term_starts.push(i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX));
-                term_ids.push(summary.trace_id.0.to_vec());
-            }
-        }
-        sqlx::query(
-            "INSERT INTO trace_terms (term, start_unix_nano, trace_id) \
-             SELECT * FROM UNNEST($1::text[], $2::int8[], $3::bytea[]) ON CONFLICT DO NOTHING",
-        )
-        .bind(&term_names)
-        .bind(&term_starts)
-        .bind(&term_ids)
-        .execute(&mut *tx)
-        .await?;
-        let new_hops = new_hops(traces, &mut deltas);
-        for chunk in new_hops.chunks(5000) {
-            let mut insert = trace_hops_insert::<Postgres>(chunk);
-            insert.build().execute(&mut *tx).await?;
-        }
-        // Keys are sorted (BTreeMap): rows are locked FOR UPDATE before they are changed, so
-        // several servers sharing the database do not lose each other's counts.
-        let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-        apply_rollups::<Postgres>(&mut tx, "hop_rollups", &minutes, ROLLUP_CHUNK, ROLLUP_LOCK)
-            .await?;
-        let hours = hourly(&minutes);
-        apply_rollups::<Postgres>(
-            &mut tx,
-            "hop_rollups_hourly",
-            &hours,
-            ROLLUP_CHUNK,
-            ROLLUP_LOCK,
-        )
-        .await?;
-        let marks: Vec<i64> = analysed.iter().map(|(_, mark)| *mark).collect();
-        sqlx::query(
-            "DELETE FROM dirty_traces d USING UNNEST($1::bytea[], $2::int8[]) AS m(id, mark) \
-             WHERE d.trace_id = m.id AND d.received_unix_nano = m.mark",
-        )
-        .bind(&ids)
-        .bind(&marks)
-        .execute(&mut *tx)
-        .await?;
+        let minutes = write_summaries::<Postgres>(&mut tx, &DIALECT, traces, analysed).await?;
         tx.commit().await?;
         self.refresh_statistics(traces.len() as u64).await;
         Ok(minutes)
@@ -587,9 +485,10 @@ impl Store for PostgresStore {
     }
 }
 
-/// Rollup keys per statement.
-const ROLLUP_CHUNK: usize = 2000;
-
-/// Rollup rows are locked in key order before they change, so several servers sharing the
-/// database do not lose each other's counts.
-const ROLLUP_LOCK: &str = " ORDER BY service, operation, minute_unix_nano FOR UPDATE";
+/// Rollup rows are locked in key order before they change (keys come sorted), so several
+/// servers sharing the database do not lose each other's counts.
+const DIALECT: Dialect = Dialect {
+    marks: "dirty_traces",
+    rollup_chunk: 2000,
+    rollup_lock: " ORDER BY service, operation, minute_unix_nano FOR UPDATE",
+};

@@ -15,13 +15,10 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
 use super::query::{
-    AttrOperand, StoredSummary, SummaryRow, TraceQuery, encode_summary, finish_search,
-    rollup_query, start_search, summary_upsert, terms,
+    AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
-use super::rollup::{
-    HopRollupRow, RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples,
-    apply_rollups, hourly, new_hops, trace_hops_insert,
-};
+use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
+use super::summaries::{Dialect, delete_summaries_before, push_list, write_summaries};
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     Within, decode_operations, decode_rows,
@@ -32,8 +29,7 @@ use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use futures_util::TryStreamExt as _;
-use sqlx::AssertSqlSafe;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -598,30 +594,7 @@ impl Store for SqliteStore {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        sqlx::query("DELETE FROM operations WHERE last_seen_unix_nano < ?")
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await?;
-        // The oldest summaries go with their index terms and hop contributions.
-        for table in ["trace_terms", "trace_hops", "trace_summaries"] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE trace_id IN \
-                 (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < ? \
-                  ORDER BY start_unix_nano LIMIT ?)"
-            )))
-            .bind(cutoff)
-            .bind(i64::from(limit))
-            .execute(&mut *tx)
-            .await?;
-        }
-        for table in ["hop_rollups", "hop_rollups_hourly"] {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE minute_unix_nano < ?"
-            )))
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await?;
-        }
+        delete_summaries_before::<Sqlite>(&mut tx, cutoff, limit).await?;
         tx.commit().await?;
         conn.keep();
         Ok(deleted)
@@ -676,75 +649,9 @@ impl Store for SqliteStore {
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let rows: Vec<SummaryRow> = traces
-            .iter()
-            .map(|(summary, _)| encode_summary(summary))
-            .collect();
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await?;
-        for chunk in rows.chunks(500) {
-            let mut upsert = summary_upsert::<Sqlite>(chunk);
-            upsert.build().execute(&mut *tx).await?;
-        }
-        // Each trace's hops replace what the trace contributed before (a late span).
-        let mut deltas = BTreeMap::new();
-        let ids: Vec<&[u8]> = analysed.iter().map(|(id, _)| id.0.as_slice()).collect();
-        for chunk in ids.chunks(500) {
-            let mut old: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-                "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN "
-            ));
-            push_list(&mut old, chunk.iter().copied());
-            let rows: Vec<StoredTraceHop> = old.build_query_as().fetch_all(&mut *tx).await?;
-            let rows: Vec<HopSample> = rows.into_iter().map(StoredTraceHop::decode).collect();
-            add_samples(&mut deltas, &rows, -1);
-
-            for table in ["trace_hops", "trace_terms"] {
-                let mut delete: QueryBuilder<Sqlite> =
-                    QueryBuilder::new(format!("DELETE FROM {table} WHERE trace_id IN "));
-                push_list(&mut delete, chunk.iter().copied());
-                delete.build().execute(&mut *tx).await?;
-            }
-        }
-        let new_terms: Vec<(String, i64, &[u8])> = traces
-            .iter()
-            .flat_map(|(summary, _)| {
-                let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
-                terms(summary)
-                    .into_iter()
-                    .map(move |term| (term, start, summary.trace_id.0.as_slice()))
-            })
-            .collect();
-        for chunk in new_terms.chunks(5000) {
-            let mut insert: QueryBuilder<Sqlite> =
-                QueryBuilder::new("INSERT INTO trace_terms (term, start_unix_nano, trace_id) ");
-            insert.push_values(chunk, |mut b, (term, start, id)| {
-                b.push_bind(term.as_str()).push_bind(*start).push_bind(*id);
-            });
-            insert.push(" ON CONFLICT DO NOTHING");
-            insert.build().execute(&mut *tx).await?;
-        }
-        let new_hops = new_hops(traces, &mut deltas);
-        for chunk in new_hops.chunks(1000) {
-            let mut insert = trace_hops_insert::<Sqlite>(chunk);
-            insert.build().execute(&mut *tx).await?;
-        }
-        let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-        apply_rollups::<Sqlite>(&mut tx, "hop_rollups", &minutes, ROLLUP_CHUNK, "").await?;
-        let hours = hourly(&minutes);
-        apply_rollups::<Sqlite>(&mut tx, "hop_rollups_hourly", &hours, ROLLUP_CHUNK, "").await?;
-        for chunk in analysed.chunks(500) {
-            // The first list lets SQLite find the marks by the key's time; on the pairs
-            // alone it scans the whole table.
-            let mut clear: QueryBuilder<Sqlite> =
-                QueryBuilder::new("DELETE FROM trace_marks WHERE received_unix_nano IN ");
-            push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
-            clear.push(" AND (received_unix_nano, trace_id) IN (");
-            clear.push_values(chunk, |mut b, (id, mark)| {
-                b.push_bind(*mark).push_bind(id.0.as_slice());
-            });
-            clear.push(")");
-            clear.build().execute(&mut *tx).await?;
-        }
+        let minutes = write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, analysed).await?;
         tx.commit().await?;
         conn.keep();
         Ok(minutes)
@@ -810,18 +717,9 @@ fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
     q
 }
 
-/// Appends `(?, ?, …)`, one parameter per value.
-fn push_list<'t, T>(q: &mut QueryBuilder<Sqlite>, values: impl IntoIterator<Item = T>)
-where
-    T: sqlx::Encode<'t, Sqlite> + sqlx::Type<Sqlite>,
-{
-    q.push("(");
-    let mut list = q.separated(", ");
-    for value in values {
-        list.push_bind(value);
-    }
-    list.push_unseparated(")");
-}
-
-/// Rollup keys per statement: three parameters each, within SQLite's parameter limit.
-const ROLLUP_CHUNK: usize = 300;
+/// The marks' table and the rollup chunk: three parameters per key, within SQLite's limit.
+const DIALECT: Dialect = Dialect {
+    marks: "trace_marks",
+    rollup_chunk: 300,
+    rollup_lock: "",
+};

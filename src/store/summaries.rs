@@ -1,0 +1,177 @@
+//! What the analyzer writes for a batch of analysed traces, in one transaction, written
+//! once for both stores: summaries, index terms, each trace's hops, the rollup deltas and
+//! the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
+
+use std::collections::BTreeMap;
+
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
+
+use super::StoreError;
+use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
+use super::rollup::{
+    RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples, apply_rollups, hourly,
+    new_hops, trace_hops_insert,
+};
+use crate::analyze::hops::{HopSample, Rollup};
+use crate::analyze::summary::TraceSummary;
+use crate::model::TraceId;
+
+/// Rows or keys per statement: within SQLite's 32,766 and Postgres's 65,535 parameters.
+const CHUNK: usize = 500;
+
+/// Where the stores differ.
+pub(crate) struct Dialect {
+    /// The table of traces waiting for analysis, keyed by (received_unix_nano, trace_id).
+    pub marks: &'static str,
+    /// Rollup keys per statement (`apply_rollups`).
+    pub rollup_chunk: usize,
+    /// Appended to the read of existing rollup rows (`apply_rollups`).
+    pub rollup_lock: &'static str,
+}
+
+/// Writes `traces` (each summary with its hop samples) and clears the marks in `analysed`
+/// (trace, mark) on `conn`, inside the caller's transaction. Each trace's hops replace
+/// what the trace contributed before (a late span). Returns the per-minute rollup deltas.
+pub(crate) async fn write_summaries<DB: Database>(
+    conn: &mut DB::Connection,
+    dialect: &Dialect,
+    traces: &[(TraceSummary, Vec<HopSample>)],
+    analysed: &[(TraceId, i64)],
+) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> StoredRollup: FromRow<'r, DB::Row>,
+    for<'r> StoredTraceHop: FromRow<'r, DB::Row>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+    Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut rows: Vec<SummaryRow> = traces.iter().map(|(s, _)| encode_summary(s)).collect();
+    // One upsert may not touch a row twice; sorted ids also keep lock order stable.
+    rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
+    rows.dedup_by(|a, b| a.trace_id == b.trace_id);
+    for chunk in rows.chunks(CHUNK) {
+        summary_upsert::<DB>(chunk)
+            .build()
+            .execute(&mut *conn)
+            .await?;
+    }
+    let mut deltas = BTreeMap::new();
+    for chunk in analysed.chunks(CHUNK) {
+        let ids = || chunk.iter().map(|(id, _)| id.0.to_vec());
+        let mut old = QueryBuilder::<DB>::new(format!(
+            "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN "
+        ));
+        push_list(&mut old, ids());
+        let old: Vec<StoredTraceHop> = old.build_query_as().fetch_all(&mut *conn).await?;
+        let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
+        add_samples(&mut deltas, &old, -1);
+        for table in ["trace_hops", "trace_terms"] {
+            let mut delete =
+                QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE trace_id IN "));
+            push_list(&mut delete, ids());
+            delete.build().execute(&mut *conn).await?;
+        }
+    }
+    let new_terms: Vec<(String, i64, Vec<u8>)> = traces
+        .iter()
+        .flat_map(|(summary, _)| {
+            let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
+            terms(summary)
+                .into_iter()
+                .map(move |term| (term, start, summary.trace_id.0.to_vec()))
+        })
+        .collect();
+    for chunk in new_terms.chunks(10 * CHUNK) {
+        let mut insert =
+            QueryBuilder::<DB>::new("INSERT INTO trace_terms (term, start_unix_nano, trace_id) ");
+        insert.push_values(chunk, |mut b, (term, start, id)| {
+            b.push_bind(term.clone())
+                .push_bind(*start)
+                .push_bind(id.clone());
+        });
+        insert.push(" ON CONFLICT DO NOTHING");
+        insert.build().execute(&mut *conn).await?;
+    }
+    for chunk in new_hops(traces, &mut deltas).chunks(2 * CHUNK) {
+        trace_hops_insert::<DB>(chunk)
+            .build()
+            .execute(&mut *conn)
+            .await?;
+    }
+    let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
+    let (chunk, lock) = (dialect.rollup_chunk, dialect.rollup_lock);
+    apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk, lock).await?;
+    apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk, lock).await?;
+    for chunk in analysed.chunks(CHUNK) {
+        // A mark a late span replaced stays. The list of times lets SQLite find the marks
+        // by its key's first column; on the pairs alone it scans the whole table.
+        let mut clear = QueryBuilder::<DB>::new(format!(
+            "DELETE FROM {} WHERE received_unix_nano IN ",
+            dialect.marks
+        ));
+        push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
+        clear.push(" AND (received_unix_nano, trace_id) IN (");
+        clear.push_values(chunk, |mut b, (id, mark)| {
+            b.push_bind(*mark).push_bind(id.0.to_vec());
+        });
+        clear.push(")");
+        clear.build().execute(&mut *conn).await?;
+    }
+    Ok(minutes)
+}
+
+/// Appends `(?, ?, …)`, one parameter per value.
+pub(crate) fn push_list<DB: Database, T>(
+    q: &mut QueryBuilder<DB>,
+    values: impl IntoIterator<Item = T>,
+) where
+    T: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    q.push("(");
+    let mut list = q.separated(", ");
+    for value in values {
+        list.push_bind(value);
+    }
+    list.push_unseparated(")");
+}
+
+/// Retention's work after the spans, in the caller's transaction: operations not seen
+/// since `cutoff`, the oldest `limit` summaries that started before it with their index
+/// terms and hops, and the rollups of minutes before it.
+pub(crate) async fn delete_summaries_before<DB: Database>(
+    conn: &mut DB::Connection,
+    cutoff: i64,
+    limit: u32,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut operations =
+        QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
+    operations.push_bind(cutoff);
+    operations.build().execute(&mut *conn).await?;
+    for table in ["trace_terms", "trace_hops", "trace_summaries"] {
+        let mut delete = QueryBuilder::<DB>::new(format!(
+            "DELETE FROM {table} WHERE trace_id IN \
+             (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < "
+        ));
+        delete.push_bind(cutoff);
+        delete.push(" ORDER BY start_unix_nano LIMIT ");
+        delete.push_bind(i64::from(limit)).push(")");
+        delete.build().execute(&mut *conn).await?;
+    }
+    for table in ["hop_rollups", "hop_rollups_hourly"] {
+        let mut delete =
+            QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
+        delete.push_bind(cutoff);
+        delete.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
