@@ -12,71 +12,50 @@ use serde::{Deserialize, Serialize};
 
 use crate::analyze::Flag;
 
-/// What a rule watches on each hop, computed from the hop rollups of its window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Signal {
+/// Declares `Signal` with each variant's name in rules, `ALL` and `as_str`.
+macro_rules! signals {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
+        /// What a rule watches on each hop, computed from the hop rollups of its window.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Signal {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Signal {
+            pub const ALL: [Signal; [$($name),*].len()] = [$(Signal::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Signal::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+signals! {
     /// Local exceeds ÷ (requests − inherited exceeds): the hop's own fault.
-    LocalExceedRatio,
-    InheritedExceedRatio,
-    OverspentRatio,
-    Requests,
-    LocalExceedCount,
-    InheritedExceedCount,
-    InflatedCount,
-    DroppedCount,
-    DoomedCount,
+    LocalExceedRatio = "local_exceed_ratio",
+    InheritedExceedRatio = "inherited_exceed_ratio",
+    OverspentRatio = "overspent_ratio",
+    Requests = "requests",
+    LocalExceedCount = "local_exceed_count",
+    InheritedExceedCount = "inherited_exceed_count",
+    InflatedCount = "inflated_count",
+    DroppedCount = "dropped_count",
+    DoomedCount = "doomed_count",
     /// Retried calls the hop made ÷ requests.
-    RetryRatio,
-    WastedMs,
-    BurnP95,
-    BurnP99,
-    SelfMsP95,
-    BudgetReceivedP50,
+    RetryRatio = "retry_ratio",
+    WastedMs = "wasted_ms",
+    BurnP95 = "burn_p95",
+    BurnP99 = "burn_p99",
+    SelfMsP95 = "self_ms_p95",
+    BudgetReceivedP50 = "budget_received_p50",
     /// Local exceed ratio ÷ (1 − objective), over `window` and `short_window` both.
-    SloBurnRate,
+    SloBurnRate = "slo_burn_rate",
 }
 
 impl Signal {
-    pub const ALL: [Signal; 16] = [
-        Signal::LocalExceedRatio,
-        Signal::InheritedExceedRatio,
-        Signal::OverspentRatio,
-        Signal::Requests,
-        Signal::LocalExceedCount,
-        Signal::InheritedExceedCount,
-        Signal::InflatedCount,
-        Signal::DroppedCount,
-        Signal::DoomedCount,
-        Signal::RetryRatio,
-        Signal::WastedMs,
-        Signal::BurnP95,
-        Signal::BurnP99,
-        Signal::SelfMsP95,
-        Signal::BudgetReceivedP50,
-        Signal::SloBurnRate,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Signal::LocalExceedRatio => "local_exceed_ratio",
-            Signal::InheritedExceedRatio => "inherited_exceed_ratio",
-            Signal::OverspentRatio => "overspent_ratio",
-            Signal::Requests => "requests",
-            Signal::LocalExceedCount => "local_exceed_count",
-            Signal::InheritedExceedCount => "inherited_exceed_count",
-            Signal::InflatedCount => "inflated_count",
-            Signal::DroppedCount => "dropped_count",
-            Signal::DoomedCount => "doomed_count",
-            Signal::RetryRatio => "retry_ratio",
-            Signal::WastedMs => "wasted_ms",
-            Signal::BurnP95 => "burn_p95",
-            Signal::BurnP99 => "burn_p99",
-            Signal::SelfMsP95 => "self_ms_p95",
-            Signal::BudgetReceivedP50 => "budget_received_p50",
-            Signal::SloBurnRate => "slo_burn_rate",
-        }
-    }
-
     pub fn parse(text: &str) -> Option<Signal> {
         Signal::ALL.into_iter().find(|s| s.as_str() == text)
     }
@@ -520,6 +499,18 @@ fn validate_receiver(spec: &ReceiverSpec, index: usize) -> Result<ReceiverConfig
     })
 }
 
+/// A field every rule needs: `text` parsed, or what is wrong (`missing` says what to give).
+fn required<T>(
+    text: Option<&str>,
+    missing: &str,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, String> {
+    text.map_or_else(
+        || Err(format!("missing; {missing}")),
+        |text| parse(text.trim()),
+    )
+}
+
 fn parse_window(text: &str) -> Result<Duration, String> {
     let duration = humantime::parse_duration(text.trim())
         .map_err(|_| "expected a duration such as 5m, 1h or 30s".to_string())?;
@@ -579,29 +570,21 @@ pub fn validate_rule(
     };
     let service = pattern("service", &spec.service);
     let operation = pattern("operation", &spec.operation);
-    let signal = match spec.signal.as_deref() {
-        None => {
-            error("signal", format!("missing; one of {}", signal_names()));
-            Signal::LocalExceedRatio
-        }
-        Some(text) => Signal::parse(text.trim()).unwrap_or_else(|| {
-            error(
-                "signal",
-                format!("unknown {text:?}; one of {}", signal_names()),
-            );
-            Signal::LocalExceedRatio
-        }),
-    };
-    let op = match spec.op.as_deref() {
-        None => {
-            error("op", "missing; one of >, >=, <, <=".into());
-            Op::Gt
-        }
-        Some(text) => Op::parse(text.trim()).unwrap_or_else(|| {
-            error("op", format!("unknown {text:?}; one of >, >=, <, <="));
-            Op::Gt
-        }),
-    };
+    let names = signal_names();
+    let signal = required(spec.signal.as_deref(), &format!("one of {names}"), |text| {
+        Signal::parse(text).ok_or_else(|| format!("unknown {text:?}; one of {names}"))
+    })
+    .unwrap_or_else(|p| {
+        error("signal", p);
+        Signal::LocalExceedRatio
+    });
+    let op = required(spec.op.as_deref(), "one of >, >=, <, <=", |text| {
+        Op::parse(text).ok_or_else(|| format!("unknown {text:?}; one of >, >=, <, <="))
+    })
+    .unwrap_or_else(|p| {
+        error("op", p);
+        Op::Gt
+    });
     let mut number = |field: &str, value: Option<f64>| {
         if let Some(v) = value
             && !v.is_finite()
@@ -650,19 +633,15 @@ pub fn validate_rule(
             ),
         );
     }
-    let window = match spec.window.as_deref() {
-        None => {
-            error(
-                "window",
-                "missing; how much history each evaluation looks at, e.g. 5m".into(),
-            );
-            Duration::from_secs(300)
-        }
-        Some(text) => parse_window(text).unwrap_or_else(|p| {
-            error("window", p);
-            Duration::from_secs(300)
-        }),
-    };
+    let window = required(
+        spec.window.as_deref(),
+        "how much history each evaluation looks at, e.g. 5m",
+        parse_window,
+    )
+    .unwrap_or_else(|p| {
+        error("window", p);
+        Duration::from_secs(300)
+    });
     let short_window = match spec.short_window.as_deref() {
         None => None,
         Some(text) => match parse_window(text) {
@@ -803,22 +782,16 @@ fn signal_names() -> String {
 pub const TEMPLATE_FIELDS: [&str; 4] = ["service", "operation", "value", "threshold"];
 
 fn check_template(template: &str) -> Result<(), String> {
-    let mut rest = template;
-    while let Some(open) = rest.find("{{") {
-        let after = &rest[open + 2..];
-        let close = after
-            .find("}}")
-            .ok_or_else(|| "a {{ is not closed with }}".to_string())?;
-        let field = after[..close].trim();
-        if !TEMPLATE_FIELDS.contains(&field) {
-            return Err(format!(
-                "unknown placeholder {{{{{field}}}}}; use {}",
-                TEMPLATE_FIELDS.map(|f| format!("{{{{{f}}}}}")).join(", ")
-            ));
-        }
-        rest = &after[close + 2..];
-    }
-    Ok(())
+    // Rendering leaves unknown placeholders and an unclosed `{{` as written.
+    let rendered = render_template(template, &TEMPLATE_FIELDS.map(|field| (field, "")));
+    let Some(open) = rendered.find("{{") else {
+        return Ok(());
+    };
+    let after = &rendered[open + 2..];
+    let close = after.find("}}").ok_or("a {{ is not closed with }}")?;
+    let field = after[..close].trim();
+    let known = TEMPLATE_FIELDS.map(|f| format!("{{{{{f}}}}}")).join(", ");
+    Err(format!("unknown placeholder {{{{{field}}}}}; use {known}"))
 }
 
 /// Fills an annotation's placeholders.
