@@ -302,45 +302,40 @@ pub struct RuleSet {
 
 /// A rule as written in YAML or sent to the API, before validation.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RuleSpec {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub operation: Option<String>,
-    #[serde(default)]
     pub signal: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub objective: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub short_window: Option<String>,
-    #[serde(default)]
     pub op: Option<String>,
-    #[serde(default)]
     pub threshold: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub resolve_threshold: Option<f64>,
-    #[serde(default)]
     pub window: Option<String>,
-    #[serde(default, rename = "for", skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "for", skip_serializing_if = "Option::is_none")]
     pub for_: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_firing_for: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub repeat_interval: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub min_requests: Option<i64>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub receivers: Vec<String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
 }
 
@@ -351,24 +346,18 @@ struct UrlSpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct ReceiverSpec {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     webhook: Option<UrlSpec>,
-    #[serde(default)]
     alertmanager: Option<UrlSpec>,
-    #[serde(default)]
     slack: Option<UrlSpec>,
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct FileSpec {
-    #[serde(default)]
     rules: Vec<RuleSpec>,
-    #[serde(default)]
     receivers: Vec<ReceiverSpec>,
 }
 
