@@ -22,5 +22,6 @@ pub mod normalize;
 pub mod offline;
 pub mod receive;
 pub mod server;
+pub mod status;
 pub mod store;
 pub mod web;

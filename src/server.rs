@@ -24,6 +24,7 @@ use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
+use crate::status::{self, Monitor};
 use crate::store::{self, Store};
 use crate::web::{self, AppState};
 
@@ -135,6 +136,12 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         stop_accepting.clone(),
         "otlp http",
     );
+    let status = Monitor::new(
+        store.clone(),
+        metrics.clone(),
+        Some(ingestor.clone()),
+        config.quiet_period,
+    );
     let http = listen::serve(
         http_listener,
         web::app(AppState {
@@ -147,6 +154,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             metrics: metrics.clone(),
             ingest: Some(ingestor.clone()),
             allowed_hosts: web::allowed_hosts(config.http_addr, &config.allowed_hosts),
+            status: status.clone(),
         }),
         limits,
         stop_accepting.clone(),
@@ -180,6 +188,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             ingestor.clone(),
             stop_background.clone(),
         )),
+        tokio::spawn(status::run(status, stop_background.clone())),
         tokio::spawn(alerter::run(
             store.clone(),
             rules.clone(),

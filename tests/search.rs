@@ -289,3 +289,65 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
         );
     }
 }
+
+/// `GET /api/status` says how far analysis is behind: traces wait while they are not
+/// quiet, then the analyzer catches up and the numbers say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_says_what_waits_for_analysis_and_when_it_has_caught_up() {
+    for db in TestDb::all().await {
+        let server = start(&db, &["--quiet-period", "3s"]).await;
+        for id in 1..=3 {
+            let spans = trace(
+                id,
+                r#"
+edge server "GET /" 0 300 budget=800
+  edge client "billing" 10 200 budget=5000
+"#,
+            );
+            post_otlp(&server, &otlp_request(&spans, 1000)).await;
+        }
+        let status = |server| async move {
+            let (code, status) = get_json(server, "/api/status").await;
+            assert_eq!(code, 200);
+            status
+        };
+        let waiting = wait_for_status(&server, |s| s["traces_pending"] == 3).await;
+        assert_eq!(waiting["store"], db.backend);
+        assert_eq!(waiting["spans_stored"], 6, "{waiting}");
+        assert_eq!(waiting["quiet_period_s"], 3.0);
+        assert!(waiting["oldest_pending_age_s"].as_f64().unwrap() < 3.0);
+        assert_eq!(
+            waiting["analysis_lag_s"], 0.0,
+            "still within the quiet period"
+        );
+        assert_eq!(waiting["behind"], false);
+        assert_eq!(waiting["ingest_queue_spans"], 0);
+        let done = wait_for_status(&server, |s| s["traces_pending"] == 0).await;
+        assert_eq!(done["oldest_pending_age_s"], 0.0, "{done}");
+        assert!(
+            done["analyzed_traces_per_s"].as_f64().unwrap() > 0.0,
+            "{done}"
+        );
+        assert_eq!(status(&server).await["spans_stored"], 6);
+        server.shutdown().await;
+    }
+}
+
+/// The status once `done` holds (it is measured every 2 s), failing after 30 s.
+async fn wait_for_status(
+    server: &budgetscope::server::RunningServer,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, status) = get_json(server, "/api/status").await;
+        if done(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never got there: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -591,6 +591,7 @@ async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_c
         };
         let a = span(1, 1, None, "edge", "GET /a", 1_000);
         let b = span(2, 1, None, "edge", "GET /b", 1_000);
+        assert_eq!(store.analysis_backlog().await.unwrap(), (0, None));
 
         store.write_spans(std::slice::from_ref(&a)).await.unwrap();
         tick().await;
@@ -605,6 +606,12 @@ async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_c
             ids(&store.quiet_traces(between, 10).await.unwrap()),
             Vec::<u8>::new(),
             "{backend}: A was committed again after the cutoff, B only after it"
+        );
+        let (pending, oldest) = store.analysis_backlog().await.unwrap();
+        assert_eq!(pending, 2, "{backend}: two traces wait");
+        assert!(
+            oldest.is_some_and(|t| t > between),
+            "{backend}: a trace waits since its last commit, not its first"
         );
         assert_eq!(
             ids(&store.quiet_traces(now(), 1).await.unwrap()).len(),
@@ -622,6 +629,7 @@ async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_c
             [2],
             "{backend}: A cleared; B's later mark kept"
         );
+        assert_eq!(store.analysis_backlog().await.unwrap().0, 1, "{backend}");
     })
     .await;
 }

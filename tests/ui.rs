@@ -471,3 +471,41 @@ edge server "GET /checkout" 0 900 budget=700
     }
     server.shutdown().await;
 }
+
+/// When analysed statistics are more than a minute behind, the overview says by how much
+/// and how many traces wait; once they are current, it says nothing.
+#[tokio::test]
+async fn the_overview_says_when_statistics_are_behind() {
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.unwrap();
+        let state = AppState::new(store.clone(), AnalyzeOptions::default());
+        store.write_spans(&checkout_a_minute_ago()).await.unwrap();
+        let current = state.status.measure().await.unwrap();
+        assert!(!current.behind, "{}: {current:?}", db.backend);
+        assert!(!get(&state, "/").await.body.contains("Statistics are"));
+        // The trace's last commit, two minutes back: quiet for 110 s beyond the 10 s period.
+        let marks = match db.backend {
+            "sqlite" => "trace_marks",
+            _ => "dirty_traces",
+        };
+        db.execute(&format!(
+            "UPDATE {marks} SET received_unix_nano = received_unix_nano - 120000000000"
+        ))
+        .await;
+        let behind = state.status.measure().await.unwrap();
+        assert!(
+            behind.behind && behind.analysis_lag_s >= 110.0,
+            "{behind:?}"
+        );
+        assert_eq!(behind.traces_pending, 1);
+        let page = get(&state, "/").await;
+        assert!(
+            page.body
+                .contains(r#"<p class="behind" role="status">Statistics are 1m 5"#)
+                && page.body.contains("1 traces wait for analysis"),
+            "{}: {}",
+            db.backend,
+            page.body
+        );
+    }
+}

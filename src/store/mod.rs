@@ -102,6 +102,10 @@ pub trait Store: AlertStore + Send + Sync + 'static {
     /// How many spans are stored.
     async fn span_count(&self) -> Result<u64, StoreError>;
 
+    /// Traces waiting for analysis, and when the one waiting longest last had spans
+    /// committed (unix nanoseconds; `None` when none waits).
+    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError>;
+
     /// Up to `limit` traces whose last spans were committed before `received_before`,
     /// oldest first, each with the commit time of every mark it holds (pass them back to
     /// `write_summaries`): a trace marked by several commits may appear more than once.

@@ -396,6 +396,15 @@ impl Store for PostgresStore {
         Ok(count as u64)
     }
 
+    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
+        // One row per trace, holding its last commit.
+        let (traces, oldest): (i64, Option<i64>) =
+            sqlx::query_as("SELECT count(*), min(received_unix_nano) FROM dirty_traces")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok((traces.max(0) as u64, oldest.map(|t| t.max(0) as u64)))
+    }
+
     async fn quiet_traces(
         &self,
         received_before: u64,

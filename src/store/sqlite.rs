@@ -607,6 +607,17 @@ impl Store for SqliteStore {
         Ok(count as u64)
     }
 
+    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
+        // A trace's marks: one per commit that held its spans; the last one counts.
+        let (traces, oldest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT count(*), min(last) FROM \
+             (SELECT max(received_unix_nano) AS last FROM trace_marks GROUP BY trace_id)",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        Ok((traces.max(0) as u64, oldest.map(|t| t.max(0) as u64)))
+    }
+
     async fn quiet_traces(
         &self,
         received_before: u64,

@@ -309,6 +309,13 @@ pub fn span_json(span: &Span) -> Value {
     })
 }
 
+/// `GET /api/status`: how far analysis is behind ingest (`crate::status::Status`).
+pub async fn status(
+    State(state): State<AppState>,
+) -> Result<Json<crate::status::Status>, ApiError> {
+    Ok(Json(state.status.current().await?))
+}
+
 pub async fn services(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!({"services": state.store.services().await?})))
 }

@@ -26,6 +26,7 @@ use crate::alerter::RuleBook;
 use crate::analyze::AnalyzeOptions;
 use crate::ingest::Ingestor;
 use crate::metrics::Metrics;
+use crate::status::Monitor;
 use crate::store::Store;
 
 /// What every handler may use.
@@ -42,17 +43,22 @@ pub struct AppState {
     pub ingest: Option<Arc<Ingestor>>,
     /// The host names requests may name (lowercase, without port); `None` answers any.
     pub allowed_hosts: Option<Arc<Vec<String>>>,
+    /// How far analysis is behind (`/api/status`, the overview's banner).
+    pub status: Arc<Monitor>,
 }
 
 impl AppState {
     /// A state with no alert rules and links to `http://localhost` (tests, benchmarks).
     pub fn new(store: Arc<dyn Store>, analyze: AnalyzeOptions) -> AppState {
+        let metrics = Arc::new(Metrics::default());
+        let quiet_period = std::time::Duration::from_secs(10);
         AppState {
+            status: Monitor::new(store.clone(), metrics.clone(), None, quiet_period),
             store,
             analyze,
             rules: Default::default(),
             external_url: "http://localhost".into(),
-            metrics: Default::default(),
+            metrics,
             ingest: None,
             allowed_hosts: None,
         }
@@ -124,6 +130,7 @@ pub fn app(state: AppState) -> Router {
         .route("/api/alerts/silences/{id}", delete(alerts::expire_silence))
         .route("/api/alerts/history", get(alerts::history))
         .route("/api/alerts/notifications", get(alerts::notifications))
+        .route("/api/status", get(api::status))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
         .route("/", get(pages::overview::overview))

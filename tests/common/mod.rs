@@ -74,6 +74,22 @@ impl TestDb {
         })
     }
 
+    /// Runs one statement on a connection of its own, beside the store.
+    pub async fn execute(&self, sql: &str) {
+        use sqlx::Connection as _;
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match self.backend {
+            "sqlite" => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).execute(&mut conn).await.unwrap();
+            }
+            _ => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                sqlx::query(sql).execute(&mut conn).await.unwrap();
+            }
+        };
+    }
+
     /// SQLite always, Postgres when available.
     pub async fn all() -> Vec<TestDb> {
         let mut dbs = vec![TestDb::sqlite()];

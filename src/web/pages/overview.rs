@@ -14,6 +14,7 @@ use super::{
     html, query_string,
 };
 use crate::analyze::hops::Rollup;
+use crate::status::Status;
 use crate::store::rollup::HopRollupRow;
 use crate::web::AppState;
 
@@ -106,6 +107,8 @@ pub struct OverviewPage {
     pub exceeded_href: String,
     /// Firing alert instances (filled by the handler).
     pub firing: Vec<super::alerts::InstanceRow>,
+    /// Set when analysis is more than a minute behind (filled by the handler).
+    pub behind: Option<String>,
 }
 
 pub async fn overview(
@@ -122,7 +125,23 @@ pub async fn overview(
     let descending = params.get("order").map(String::as_str) != Some("asc");
     let mut page = build(range, &rows, first_run, sort, descending);
     page.firing = super::alerts::firing(&state, None).await?;
+    page.behind = state.status.latest().as_ref().and_then(behind);
     Ok(html(StatusCode::OK, &page))
+}
+
+/// What the banner says when analysed statistics are more than a minute behind.
+pub fn behind(status: &Status) -> Option<String> {
+    status.behind.then(|| {
+        format!(
+            "Statistics are {} behind: {} traces wait for analysis ({:.0} analysed per second). \
+             This page, search and alerts do not count them yet. /api/status shows the lag.",
+            humantime::format_duration(std::time::Duration::from_secs(
+                status.analysis_lag_s as u64
+            )),
+            status.traces_pending,
+            status.analyzed_traces_per_s,
+        )
+    })
 }
 
 /// The page from rollup rows; pure, so the benchmark and tests can call it.
@@ -305,5 +324,6 @@ pub fn build(
         legend,
         exceeded_href,
         firing: Vec::new(),
+        behind: None,
     }
 }
