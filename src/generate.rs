@@ -33,6 +33,17 @@ pub fn generate_over(
     spread: Duration,
     trouble: f64,
 ) -> Vec<ExportTraceServiceRequest> {
+    generate_chains(total_spans, batch, spread, trouble, 3..=5)
+}
+
+/// `generate_over` with chains of `hops` services (a chain of n hops has 2n − 1 spans).
+pub fn generate_chains(
+    total_spans: usize,
+    batch: usize,
+    spread: Duration,
+    trouble: f64,
+    hops: std::ops::RangeInclusive<usize>,
+) -> Vec<ExportTraceServiceRequest> {
     const SERVICES: [&str; 6] = [
         "edge",
         "checkout",
@@ -49,7 +60,7 @@ pub fn generate_over(
         let mut start = now - rng.random_range(0..(spread.as_nanos() as u64).max(1));
         let mut budget: f64 = rng.random_range(300.0..2000.0);
         let mut parent: Vec<u8> = Vec::new();
-        let hops = rng.random_range(3..=5);
+        let hops = rng.random_range(hops.clone()).max(2);
         // Which hop misbehaves, and how (true: slow, false: inflates).
         let trouble_at = rng
             .random_bool(trouble.clamp(0.0, 1.0))

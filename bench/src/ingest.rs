@@ -36,10 +36,10 @@ use crate::{BenchDatabases, IngestBench, Transport, median_and_range, ms};
 /// One export request, encoded (and for HTTP, compressed) before the timed run: the load
 /// generator shares the machine's two cores with the server, and its own encoding is not
 /// what the benchmark measures.
-struct Prepared {
-    request: ExportTraceServiceRequest,
-    body: Bytes,
-    spans: usize,
+pub(crate) struct Prepared {
+    pub request: ExportTraceServiceRequest,
+    pub body: Bytes,
+    pub spans: usize,
 }
 
 pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
@@ -80,7 +80,11 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => crate::server_beside_harness()?,
     };
-    let server = ChildServer::start(&exe, &serve_url, bench.max_queued_spans).await?;
+    let max_queued = [
+        "--max-queued-spans".to_string(),
+        bench.max_queued_spans.to_string(),
+    ];
+    let server = ChildServer::start(&exe, &serve_url, &max_queued).await?;
     eprintln!(
         "server pid {} on {}; sending over {:?}{}",
         server.pid,
@@ -330,7 +334,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn futures_join<T>(
+pub(crate) async fn futures_join<T>(
     handles: Vec<tokio::task::JoinHandle<T>>,
 ) -> Vec<Result<T, tokio::task::JoinError>> {
     let mut results = Vec::with_capacity(handles.len());
@@ -370,7 +374,7 @@ fn serve_url_label(url: &str) -> String {
     budgetscope::server::redact(url)
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Stored,
     RetryAfter(Duration),
 }
@@ -414,7 +418,7 @@ impl tonic::codec::Codec for PreEncodedCodec {
     }
 }
 
-enum Sender {
+pub(crate) enum Sender {
     Grpc(tonic::client::Grpc<tonic::transport::Channel>),
     Http {
         client: reqwest::Client,
@@ -425,7 +429,7 @@ enum Sender {
 }
 
 impl Sender {
-    async fn connect(
+    pub(crate) async fn connect(
         transport: Transport,
         gzip: bool,
         grpc: SocketAddr,
@@ -456,7 +460,7 @@ impl Sender {
         })
     }
 
-    async fn send(&mut self, request: &Prepared) -> anyhow::Result<Outcome> {
+    pub(crate) async fn send(&mut self, request: &Prepared) -> anyhow::Result<Outcome> {
         match self {
             Sender::Grpc(client) => match export_pre_encoded(client, request.body.clone()).await {
                 Ok(_) => Ok(Outcome::Stored),
@@ -502,11 +506,13 @@ impl Sender {
 }
 
 /// A `budgetscope serve` child process on free ports.
-struct ChildServer {
+pub(crate) struct ChildServer {
     child: tokio::process::Child,
-    pid: u32,
-    grpc_addr: SocketAddr,
-    http_otlp_addr: SocketAddr,
+    pub pid: u32,
+    pub grpc_addr: SocketAddr,
+    pub http_otlp_addr: SocketAddr,
+    /// The UI and API (`/api/status`).
+    pub http_addr: SocketAddr,
 }
 
 /// Three free local ports for the server. The listeners are all held until the three are
@@ -519,20 +525,17 @@ fn free_ports() -> anyhow::Result<(SocketAddr, SocketAddr, SocketAddr)> {
 }
 
 impl ChildServer {
-    async fn start(
+    /// Starts `exe serve` on `db` with `args` besides the database and the ports.
+    pub(crate) async fn start(
         exe: &std::path::Path,
         db: &str,
-        max_queued_spans: usize,
+        args: &[String],
     ) -> anyhow::Result<ChildServer> {
         let (grpc_addr, http_otlp_addr, http_addr) = free_ports()?;
         let mut child = tokio::process::Command::new(exe)
             .arg("serve")
-            .args([
-                "--db",
-                db,
-                "--max-queued-spans",
-                &max_queued_spans.to_string(),
-            ])
+            .args(["--db", db])
+            .args(args)
             .args(["--otlp-grpc-addr", &grpc_addr.to_string()])
             .args(["--otlp-http-addr", &http_otlp_addr.to_string()])
             .args(["--http-addr", &http_addr.to_string()])
@@ -567,6 +570,7 @@ impl ChildServer {
             pid,
             grpc_addr,
             http_otlp_addr,
+            http_addr,
         })
     }
 
@@ -576,7 +580,7 @@ impl ChildServer {
     }
 
     /// User + system CPU seconds (/proc/PID/stat fields 14 and 15, in USER_HZ = 100).
-    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+    pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
         stat_cpu_seconds(&self.proc_file("stat")?)
     }
 
@@ -598,7 +602,7 @@ impl ChildServer {
     }
 
     /// CPU seconds of each live thread, by thread id, with the thread's name.
-    fn thread_cpu_seconds(&self) -> anyhow::Result<HashMap<u32, (String, f64)>> {
+    pub(crate) fn thread_cpu_seconds(&self) -> anyhow::Result<HashMap<u32, (String, f64)>> {
         let mut threads = HashMap::new();
         for (tid, name, dir) in self.threads()? {
             // A thread may exit between listing and reading: skip it.
@@ -642,21 +646,21 @@ impl ChildServer {
             .parse()?)
     }
 
-    fn rss_bytes(&self) -> anyhow::Result<u64> {
+    pub(crate) fn rss_bytes(&self) -> anyhow::Result<u64> {
         Ok(self.status_kib("VmRSS:")? * 1024)
     }
 
     /// Resident memory that is not a mapped file: heap, stacks, SQLite's page cache.
-    fn anon_rss_bytes(&self) -> anyhow::Result<u64> {
+    pub(crate) fn anon_rss_bytes(&self) -> anyhow::Result<u64> {
         Ok(self.status_kib("RssAnon:")? * 1024)
     }
 
-    fn peak_rss_bytes(&self) -> anyhow::Result<u64> {
+    pub(crate) fn peak_rss_bytes(&self) -> anyhow::Result<u64> {
         Ok(self.status_kib("VmHWM:")? * 1024)
     }
 
     /// SIGTERM, then wait for the clean shutdown (which commits everything queued).
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         let status = std::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status()?;
@@ -672,7 +676,7 @@ impl ChildServer {
 }
 
 /// User + system CPU seconds this process has used.
-fn own_cpu_seconds() -> anyhow::Result<f64> {
+pub(crate) fn own_cpu_seconds() -> anyhow::Result<f64> {
     stat_cpu_seconds(
         &std::fs::read_to_string("/proc/self/stat")
             .context("cannot read /proc/self/stat (Linux only)")?,
@@ -699,7 +703,7 @@ fn stat_cpu_seconds(stat: &str) -> anyhow::Result<f64> {
 
 /// CPU seconds each kind of thread (by name) used between two readings, most first.
 /// Threads that exited in between are missing from the second reading and not counted.
-fn cpu_by_thread_name(
+pub(crate) fn cpu_by_thread_name(
     before: &HashMap<u32, (String, f64)>,
     after: &HashMap<u32, (String, f64)>,
 ) -> Vec<(String, f64)> {

@@ -6,6 +6,7 @@
 
 mod ingest;
 mod inproc;
+mod sustained;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,9 @@ pub enum BenchCommand {
     /// CPU per span of a request's work before the writer (decode, normalise, encode rows),
     /// on one thread, against decoding the same bytes with the generated OTLP types.
     Receive(ReceiveBench),
+    /// A fixed rate of realistic traces for minutes: how far analysis falls behind ingest
+    /// (from the server's /api/status), with the ingest figures, CPU and memory.
+    Sustained(sustained::SustainedBench),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -164,6 +168,7 @@ fn main() -> ExitCode {
 async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(bench) => ingest::ingest(bench).await,
+        BenchCommand::Sustained(bench) => sustained::sustained(bench).await,
         BenchCommand::Query(bench) => inproc::query_bench(bench).await,
         BenchCommand::Ui(bench) => inproc::ui_bench(bench).await,
         BenchCommand::Receive(bench) => {

@@ -22,7 +22,7 @@ fn run(args: &[&str]) -> (bool, String, String) {
 fn help_lists_every_benchmark() {
     let (ok, help, _) = run(&["--help"]);
     assert!(ok, "{help}");
-    for bench in ["ingest", "analyze", "query", "ui", "receive"] {
+    for bench in ["ingest", "analyze", "query", "ui", "receive", "sustained"] {
         assert!(help.contains(bench), "{bench} missing from:\n{help}");
     }
     let (ok, help, _) = run(&["ingest", "--help"]);
@@ -84,6 +84,44 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
             "progress is shown: {stderr}"
         );
     }
+}
+
+/// A short sustained run: the load goes through, the analyzer drains after it, every
+/// acknowledged span is stored, and the lag curve is printed.
+#[test]
+fn bench_sustained_reports_the_analysis_lag_and_drains() {
+    let (ok, stdout, stderr) = run(&[
+        "sustained",
+        "--rate",
+        "2000",
+        "--seconds",
+        "4",
+        "--hops",
+        "2-6",
+        "--batch",
+        "100",
+        "--quiet-period",
+        "1s",
+        "--drain",
+        "60",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("| spans sent (acknowledged) / stored after shutdown | 8000 / 8000 |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| analysis lag beyond the quiet period, p50 / p99 / max"));
+    assert!(
+        stdout.contains("| analysis drained after the load in | ")
+            && !stdout.contains("not within"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| time | analysis lag | traces waiting |"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = run(&["sustained", "--hops", "1-3", "--seconds", "1"]);
+    assert!(!ok && stderr.contains("--hops takes MIN-MAX"), "{stderr}");
 }
 
 #[test]
