@@ -138,15 +138,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
                     tokio::time::sleep_until((started + due).into()).await;
                 }
                 let sent = Instant::now();
-                loop {
-                    match sender.send(request).await? {
-                        Outcome::Stored => break,
-                        Outcome::RetryAfter(delay) => {
-                            refusals.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(delay).await;
-                        }
-                    }
-                }
+                sender.send_until_stored(request, &refusals).await?;
                 latencies.push(sent.elapsed());
                 acked.fetch_add(request.spans as u64, Ordering::Relaxed);
             }
@@ -374,7 +366,7 @@ fn serve_url_label(url: &str) -> String {
     budgetscope::server::redact(url)
 }
 
-pub(crate) enum Outcome {
+enum Outcome {
     Stored,
     RetryAfter(Duration),
 }
@@ -460,7 +452,25 @@ impl Sender {
         })
     }
 
-    pub(crate) async fn send(&mut self, request: &Prepared) -> anyhow::Result<Outcome> {
+    /// Sends `request` until it is stored, waiting out each refusal's retry delay as
+    /// exporters do and counting the refusals.
+    pub(crate) async fn send_until_stored(
+        &mut self,
+        request: &Prepared,
+        refusals: &AtomicU64,
+    ) -> anyhow::Result<()> {
+        loop {
+            match self.send(request).await? {
+                Outcome::Stored => return Ok(()),
+                Outcome::RetryAfter(delay) => {
+                    refusals.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, request: &Prepared) -> anyhow::Result<Outcome> {
         match self {
             Sender::Grpc(client) => match export_pre_encoded(client, request.body.clone()).await {
                 Ok(_) => Ok(Outcome::Stored),

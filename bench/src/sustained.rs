@@ -23,7 +23,7 @@ use budgetscope::generate::generate_chains;
 use budgetscope::normalize::span_count;
 use budgetscope::store;
 
-use crate::ingest::{ChildServer, Outcome, Prepared, Sender, futures_join, own_cpu_seconds};
+use crate::ingest::{ChildServer, Prepared, Sender, futures_join, own_cpu_seconds};
 use crate::{BenchDatabases, Transport, ms};
 
 /// Seconds of traffic generated up front and sent again with fresh ids.
@@ -160,15 +160,7 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
                 tokio::time::sleep_until((started + due).into()).await;
                 let request = renewed(&pool[slot], round);
                 let sent = Instant::now();
-                loop {
-                    match sender.send(&request).await? {
-                        Outcome::Stored => break,
-                        Outcome::RetryAfter(delay) => {
-                            refusals.fetch_add(1, Ordering::Relaxed);
-                            tokio::time::sleep(delay).await;
-                        }
-                    }
-                }
+                sender.send_until_stored(&request, &refusals).await?;
                 latencies.push(sent.elapsed());
                 acked.fetch_add(request.spans as u64, Ordering::Relaxed);
             }
