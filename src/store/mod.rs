@@ -331,7 +331,7 @@ pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      burner_self_ms = excluded.burner_self_ms, flag_counts = excluded.flag_counts, \
      span_count = excluded.span_count, services = excluded.services, \
      operations = excluded.operations, answer_ms = excluded.answer_ms, \
-     origins = excluded.origins, flags = excluded.flags";
+     origins = excluded.origins, flags = excluded.flags, hops = excluded.hops";
 
 /// The wall clock, in unix nanoseconds, for commit marks.
 pub fn now_unix_nano() -> i64 {

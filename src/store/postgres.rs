@@ -137,7 +137,7 @@ impl PostgresStore {
         }
         let started = std::time::Instant::now();
         let result = sqlx::query(
-            "ANALYZE trace_terms, trace_summaries, trace_hops, hop_rollups, hop_rollups_hourly, dirty_traces",
+            "ANALYZE trace_terms, trace_summaries, hop_rollups, hop_rollups_hourly, dirty_traces",
         )
         .execute(&self.pool)
         .await;

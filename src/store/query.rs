@@ -9,7 +9,8 @@ use crate::model::TraceId;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
-use super::rollup::ROLLUP_COLUMNS;
+use super::rollup::{ROLLUP_COLUMNS, encode_hops};
+use crate::analyze::hops::HopSample;
 
 /// A comparison on a span attribute: traces with at least one span where it holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,6 +114,8 @@ pub(crate) struct SummaryRow {
     pub operations: String,
     pub answer_ms: Option<f64>,
     pub origins: String,
+    /// The trace's hop samples (`rollup::encode_hops`).
+    pub hops: String,
 }
 
 /// The upsert of summary rows, one statement for all of `rows` (both backends; the caller
@@ -127,7 +130,7 @@ where
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let mut upsert: QueryBuilder<DB> = QueryBuilder::new(format!(
-        "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags) "
+        "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags, hops) "
     ));
     upsert.push_values(rows, |mut b, row| {
         b.push_bind(row.trace_id.clone())
@@ -146,7 +149,8 @@ where
             .push_bind(row.operations.clone())
             .push_bind(row.answer_ms)
             .push_bind(row.origins.clone())
-            .push_bind(row.flags.clone());
+            .push_bind(row.flags.clone())
+            .push_bind(row.hops.clone());
     });
     upsert.push(super::SUMMARY_UPSERT);
     upsert
@@ -169,7 +173,7 @@ pub(crate) fn flag_needle(flag: Flag) -> String {
     format!(",{},", flag.as_str())
 }
 
-pub(crate) fn encode_summary(summary: &TraceSummary) -> SummaryRow {
+pub(crate) fn encode_summary(summary: &TraceSummary, hops: &[HopSample]) -> SummaryRow {
     let flag_counts: BTreeMap<&str, usize> = summary
         .flag_counts
         .iter()
@@ -204,6 +208,7 @@ pub(crate) fn encode_summary(summary: &TraceSummary) -> SummaryRow {
         operations,
         answer_ms: summary.answer_ms,
         origins: encode_operations(&summary.origins),
+        hops: encode_hops(hops),
     }
 }
 

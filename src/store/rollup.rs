@@ -7,7 +7,6 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use crate::analyze::hops::{COUNTED, Histogram, HopSample, Rollup, minute_of};
-use crate::analyze::summary::TraceSummary;
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
 const HOUR_NANOS: u64 = 3_600_000_000_000;
@@ -23,9 +22,6 @@ pub struct HopRollupRow {
 
 /// (service, operation, minute).
 pub type RollupKey = (String, String, u64);
-
-pub(crate) const TRACE_HOP_COLUMNS: &str =
-    "service, operation, start_unix_nano, budget_ms, burn, self_ms, counts, wasted_ms";
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
      local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist";
@@ -46,35 +42,65 @@ pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
         .join(",")
 }
 
-#[derive(sqlx::FromRow)]
-pub(crate) struct StoredTraceHop {
-    pub service: String,
-    pub operation: String,
-    pub start_unix_nano: i64,
-    pub budget_ms: Option<f64>,
-    pub burn: Option<f64>,
-    pub self_ms: f64,
-    pub counts: String,
-    pub wasted_ms: f64,
+/// One hop sample as its trace's summary keeps it (the `hops` column, a JSON array of
+/// these): service, operation, start, budget, burn, self time, counts ("1,0,…" in the
+/// order of `COUNTED`), wasted ms.
+type StoredHop = (
+    String,
+    String,
+    i64,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+    String,
+    Option<f64>,
+);
+
+/// A trace's hop samples for its summary's `hops` column, so that re-analysing the trace
+/// (a late span) can take its old contribution to the rollups back out.
+pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
+    let stored: Vec<StoredHop> = hops
+        .iter()
+        .map(|hop| {
+            (
+                hop.service.clone(),
+                hop.operation.clone(),
+                i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX),
+                hop.budget_ms,
+                hop.burn,
+                Some(hop.self_ms),
+                encode_counts(&hop.counts),
+                Some(hop.wasted_ms),
+            )
+        })
+        .collect();
+    serde_json::to_string(&stored).unwrap_or_else(|_| "[]".into())
 }
 
-impl StoredTraceHop {
-    pub fn decode(self) -> HopSample {
-        let mut counts = [0; COUNTED.len()];
-        for (slot, value) in counts.iter_mut().zip(self.counts.split(',')) {
-            *slot = value.parse().unwrap_or(0);
-        }
-        HopSample {
-            service: self.service,
-            operation: self.operation,
-            start_unix_nano: self.start_unix_nano.max(0) as u64,
-            budget_ms: self.budget_ms,
-            burn: self.burn,
-            self_ms: self.self_ms,
-            counts,
-            wasted_ms: self.wasted_ms,
-        }
-    }
+/// The samples `encode_hops` wrote (none from text it did not write).
+pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
+    let stored: Vec<StoredHop> = serde_json::from_str(text).unwrap_or_default();
+    stored
+        .into_iter()
+        .map(
+            |(service, operation, start, budget_ms, burn, self_ms, counts, wasted)| {
+                let mut parsed = [0; COUNTED.len()];
+                for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
+                    *slot = value.parse().unwrap_or(0);
+                }
+                HopSample {
+                    service,
+                    operation,
+                    start_unix_nano: start.max(0) as u64,
+                    budget_ms,
+                    burn,
+                    self_ms: self_ms.unwrap_or(0.0),
+                    counts: parsed,
+                    wasted_ms: wasted.unwrap_or(0.0),
+                }
+            },
+        )
+        .collect()
 }
 
 #[derive(sqlx::FromRow)]
@@ -124,50 +150,6 @@ impl StoredRollup {
             },
         }
     }
-}
-
-/// The insert of trace hops (trace id, hop), one statement for all of `hops`.
-pub(crate) fn trace_hops_insert<DB: Database>(hops: &[(&[u8], &HopSample)]) -> QueryBuilder<DB>
-where
-    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
-    String: for<'t> Encode<'t, DB> + Type<DB>,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    f64: for<'t> Encode<'t, DB> + Type<DB>,
-    Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
-{
-    let mut insert: QueryBuilder<DB> = QueryBuilder::new(format!(
-        "INSERT INTO trace_hops (trace_id, {TRACE_HOP_COLUMNS}) "
-    ));
-    insert.push_values(hops, |mut b, (id, hop)| {
-        b.push_bind(id.to_vec())
-            .push_bind(hop.service.clone())
-            .push_bind(hop.operation.clone())
-            .push_bind(i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX))
-            .push_bind(hop.budget_ms)
-            .push_bind(hop.burn)
-            .push_bind(hop.self_ms)
-            .push_bind(encode_counts(&hop.counts))
-            .push_bind(hop.wasted_ms);
-    });
-    insert
-}
-
-/// Each hop of each analysed trace with its trace id, the rows for `trace_hops`; their
-/// samples are added to `deltas`.
-pub(crate) fn new_hops<'a>(
-    traces: &'a [(TraceSummary, Vec<HopSample>)],
-    deltas: &mut BTreeMap<RollupKey, Rollup>,
-) -> Vec<(&'a [u8], &'a HopSample)> {
-    for (_, hops) in traces {
-        add_samples(deltas, hops, 1);
-    }
-    traces
-        .iter()
-        .flat_map(|(summary, hops)| {
-            hops.iter()
-                .map(move |hop| (summary.trace_id.0.as_slice(), hop))
-        })
-        .collect()
 }
 
 /// Adds samples (weight +1) or takes them back out (−1) of per-key deltas.
@@ -306,4 +288,114 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Connection as _;
+
+    /// Two hops as the analyzer stored them before the `hops` column, one with a budget.
+    const OLD_ROWS: &str = "INSERT INTO trace_hops VALUES \
+        (X'01', 'edge', 'GET /', 5, 800.0, 0.25, 12.5, '1,0,2,0,0,0,0,0,1', 3.5), \
+        (X'01', 'billing', 'Charge', 7, NULL, NULL, 4.0, '0,0,0,0,0,0,0,0,0', 0.0)";
+
+    fn expected() -> Vec<HopSample> {
+        let mut edge = [0; COUNTED.len()];
+        (edge[0], edge[2], edge[8]) = (1, 2, 1);
+        let hop =
+            |service: &str, operation: &str, start, budget_ms, burn, self_ms, counts, wasted_ms| {
+                HopSample {
+                    service: service.into(),
+                    operation: operation.into(),
+                    start_unix_nano: start,
+                    budget_ms,
+                    burn,
+                    self_ms,
+                    counts,
+                    wasted_ms,
+                }
+            };
+        vec![
+            hop("edge", "GET /", 5, Some(800.0), Some(0.25), 12.5, edge, 3.5),
+            hop(
+                "billing",
+                "Charge",
+                7,
+                None,
+                None,
+                4.0,
+                [0; COUNTED.len()],
+                0.0,
+            ),
+        ]
+    }
+
+    fn sorted(mut hops: Vec<HopSample>) -> Vec<HopSample> {
+        hops.sort_by(|a, b| a.start_unix_nano.cmp(&b.start_unix_nano));
+        hops
+    }
+
+    #[test]
+    fn hop_samples_round_trip_and_bad_text_decodes_to_none() {
+        assert_eq!(decode_hops(&encode_hops(&expected())), expected());
+        assert_eq!(decode_hops("not json"), Vec::new());
+    }
+
+    /// The migrations that moved hop samples into the summaries write what `decode_hops`
+    /// reads, so re-analysing a trace summarised before still takes its hops back out.
+    #[tokio::test]
+    async fn migrated_hop_rows_decode_to_the_same_samples() {
+        let old_sqlite = include_str!("../../migrations/sqlite/0003_hop_rollups.sql");
+        let old_sqlite = &old_sqlite[..old_sqlite.find("CREATE INDEX").unwrap()];
+        let mut db = sqlx::SqliteConnection::connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let setup = format!(
+            "{old_sqlite} CREATE TABLE trace_summaries (trace_id BLOB PRIMARY KEY); \
+             INSERT INTO trace_summaries VALUES (X'01'), (X'02'); {OLD_ROWS};"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+            .execute(&mut db)
+            .await
+            .unwrap();
+        let migration = include_str!("../../migrations/sqlite/0011_hops_in_summaries.sql");
+        sqlx::raw_sql(migration).execute(&mut db).await.unwrap();
+        let hops: Vec<(String,)> =
+            sqlx::query_as("SELECT hops FROM trace_summaries ORDER BY trace_id")
+                .fetch_all(&mut db)
+                .await
+                .unwrap();
+        assert_eq!(sorted(decode_hops(&hops[0].0)), sorted(expected()));
+        assert_eq!(hops[1].0, "[]", "a summary without hops");
+
+        let Ok(url) = std::env::var("BUDGETSCOPE_TEST_POSTGRES_URL") else {
+            eprintln!(
+                "SKIPPED the Postgres migration check: BUDGETSCOPE_TEST_POSTGRES_URL is not set"
+            );
+            return;
+        };
+        let old_pg = include_str!("../../migrations/postgres/0003_hop_rollups.sql");
+        let old_pg = old_pg[..old_pg.find("CREATE INDEX").unwrap()]
+            .replace("CREATE TABLE", "CREATE TEMP TABLE");
+        let mut db = sqlx::PgConnection::connect(&url).await.unwrap();
+        let setup = format!(
+            "{old_pg} CREATE TEMP TABLE trace_summaries (trace_id BYTEA PRIMARY KEY); \
+             INSERT INTO trace_summaries VALUES ('\\x01'), ('\\x02'); {};",
+            OLD_ROWS.replace("X'01'", "'\\x01'")
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(setup))
+            .execute(&mut db)
+            .await
+            .unwrap();
+        let migration = include_str!("../../migrations/postgres/0009_hops_in_summaries.sql");
+        sqlx::raw_sql(migration).execute(&mut db).await.unwrap();
+        let hops: Vec<(String,)> =
+            sqlx::query_as("SELECT hops FROM trace_summaries ORDER BY trace_id")
+                .fetch_all(&mut db)
+                .await
+                .unwrap();
+        assert_eq!(sorted(decode_hops(&hops[0].0)), sorted(expected()));
+        assert_eq!(hops[1].0, "[]", "a summary without hops");
+    }
 }

@@ -1,6 +1,6 @@
 //! What the analyzer writes for a batch of analysed traces, in one transaction, written
-//! once for both stores: summaries, index terms, each trace's hops, the rollup deltas and
-//! the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
+//! once for both stores: summaries (each with its trace's hop samples), index terms, the
+//! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
 
 use std::collections::BTreeMap;
 
@@ -8,10 +8,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
-use super::rollup::{
-    RollupKey, StoredRollup, StoredTraceHop, TRACE_HOP_COLUMNS, add_samples, apply_rollups, hourly,
-    new_hops, trace_hops_insert,
-};
+use super::rollup::{RollupKey, StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
 use crate::analyze::hops::{HopSample, Rollup};
 use crate::analyze::summary::TraceSummary;
 use crate::model::TraceId;
@@ -42,7 +39,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'r> StoredRollup: FromRow<'r, DB::Row>,
-    for<'r> StoredTraceHop: FromRow<'r, DB::Row>,
+    for<'r> (String,): FromRow<'r, DB::Row>,
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     String: for<'t> Encode<'t, DB> + Type<DB>,
     Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
@@ -50,7 +47,25 @@ where
     f64: for<'t> Encode<'t, DB> + Type<DB>,
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    let mut rows: Vec<SummaryRow> = traces.iter().map(|(s, _)| encode_summary(s)).collect();
+    // What each trace contributed before (a late span) comes back out; its terms go.
+    let mut deltas = BTreeMap::new();
+    for chunk in analysed.chunks(CHUNK) {
+        let ids = || chunk.iter().map(|(id, _)| id.0.to_vec());
+        let mut old =
+            QueryBuilder::<DB>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
+        push_list(&mut old, ids());
+        let old: Vec<(String,)> = old.build_query_as().fetch_all(&mut *conn).await?;
+        for (hops,) in old {
+            add_samples(&mut deltas, &decode_hops(&hops), -1);
+        }
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE trace_id IN ");
+        push_list(&mut delete, ids());
+        delete.build().execute(&mut *conn).await?;
+    }
+    let mut rows: Vec<SummaryRow> = traces
+        .iter()
+        .map(|(summary, hops)| encode_summary(summary, hops))
+        .collect();
     // One upsert may not touch a row twice; sorted ids also keep lock order stable.
     rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
     rows.dedup_by(|a, b| a.trace_id == b.trace_id);
@@ -60,22 +75,8 @@ where
             .execute(&mut *conn)
             .await?;
     }
-    let mut deltas = BTreeMap::new();
-    for chunk in analysed.chunks(CHUNK) {
-        let ids = || chunk.iter().map(|(id, _)| id.0.to_vec());
-        let mut old = QueryBuilder::<DB>::new(format!(
-            "SELECT {TRACE_HOP_COLUMNS} FROM trace_hops WHERE trace_id IN "
-        ));
-        push_list(&mut old, ids());
-        let old: Vec<StoredTraceHop> = old.build_query_as().fetch_all(&mut *conn).await?;
-        let old: Vec<HopSample> = old.into_iter().map(StoredTraceHop::decode).collect();
-        add_samples(&mut deltas, &old, -1);
-        for table in ["trace_hops", "trace_terms"] {
-            let mut delete =
-                QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE trace_id IN "));
-            push_list(&mut delete, ids());
-            delete.build().execute(&mut *conn).await?;
-        }
+    for (_, hops) in traces {
+        add_samples(&mut deltas, hops, 1);
     }
     let new_terms: Vec<(String, i64, Vec<u8>)> = traces
         .iter()
@@ -96,12 +97,6 @@ where
         });
         insert.push(" ON CONFLICT DO NOTHING");
         insert.build().execute(&mut *conn).await?;
-    }
-    for chunk in new_hops(traces, &mut deltas).chunks(2 * CHUNK) {
-        trace_hops_insert::<DB>(chunk)
-            .build()
-            .execute(&mut *conn)
-            .await?;
     }
     let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
     let (chunk, lock) = (dialect.rollup_chunk, dialect.rollup_lock);
@@ -142,7 +137,7 @@ pub(crate) fn push_list<DB: Database, T>(
 
 /// Retention's work after the spans, in the caller's transaction: operations not seen
 /// since `cutoff`, the oldest `limit` summaries that started before it with their index
-/// terms and hops, and the rollups of minutes before it.
+/// terms, and the rollups of minutes before it.
 pub(crate) async fn delete_summaries_before<DB: Database>(
     conn: &mut DB::Connection,
     cutoff: i64,
@@ -157,7 +152,7 @@ where
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
-    for table in ["trace_terms", "trace_hops", "trace_summaries"] {
+    for table in ["trace_terms", "trace_summaries"] {
         let mut delete = QueryBuilder::<DB>::new(format!(
             "DELETE FROM {table} WHERE trace_id IN \
              (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < "
