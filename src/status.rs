@@ -162,28 +162,18 @@ impl Monitor {
     /// when it has caught up again.
     fn log(&self, status: &Status) {
         let mut state = self.lock();
-        let Status {
-            analysis_lag_s,
-            traces_pending,
-            oldest_pending_age_s,
-            analyzed_traces_per_s,
-            ingest_queue_spans,
-            spans_stored,
-            store,
-            ..
-        } = status;
         match (status.behind, state.logged) {
             (true, Some(at)) if at.elapsed() < LOG_EVERY => {}
             (true, _) => {
                 state.logged = Some(Instant::now());
                 tracing::warn!(
-                    analysis_lag_s,
-                    traces_pending,
-                    oldest_pending_age_s,
-                    analyzed_traces_per_s,
-                    ingest_queue_spans,
-                    spans_stored,
-                    store,
+                    status.analysis_lag_s,
+                    status.traces_pending,
+                    status.oldest_pending_age_s,
+                    status.analyzed_traces_per_s,
+                    status.ingest_queue_spans,
+                    status.spans_stored,
+                    status.store,
                     "analysis is behind ingest: search, hop statistics and alerts miss the \
                      traces still waiting; if it keeps growing, lower the load or move to \
                      a faster disk or Postgres (GET /api/status shows it)"
@@ -191,7 +181,11 @@ impl Monitor {
             }
             (false, Some(_)) => {
                 state.logged = None;
-                tracing::info!(analysis_lag_s, traces_pending, "analysis has caught up");
+                tracing::info!(
+                    status.analysis_lag_s,
+                    status.traces_pending,
+                    "analysis has caught up"
+                );
             }
             (false, None) => {}
         }

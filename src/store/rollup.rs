@@ -336,6 +336,14 @@ mod tests {
         hops
     }
 
+    const MIGRATED: &str = "SELECT hops FROM trace_summaries ORDER BY trace_id";
+
+    /// Summary 1 has both old hops; summary 2 had none.
+    fn check_migrated(hops: Vec<(String,)>) {
+        assert_eq!(sorted(decode_hops(&hops[0].0)), sorted(expected()));
+        assert_eq!(hops[1].0, "[]", "a summary without hops");
+    }
+
     #[test]
     fn hop_samples_round_trip_and_bad_text_decodes_to_none() {
         assert_eq!(decode_hops(&encode_hops(&expected())), expected());
@@ -361,13 +369,7 @@ mod tests {
             .unwrap();
         let migration = include_str!("../../migrations/sqlite/0011_hops_in_summaries.sql");
         sqlx::raw_sql(migration).execute(&mut db).await.unwrap();
-        let hops: Vec<(String,)> =
-            sqlx::query_as("SELECT hops FROM trace_summaries ORDER BY trace_id")
-                .fetch_all(&mut db)
-                .await
-                .unwrap();
-        assert_eq!(sorted(decode_hops(&hops[0].0)), sorted(expected()));
-        assert_eq!(hops[1].0, "[]", "a summary without hops");
+        check_migrated(sqlx::query_as(MIGRATED).fetch_all(&mut db).await.unwrap());
 
         let Ok(url) = std::env::var("BUDGETSCOPE_TEST_POSTGRES_URL") else {
             eprintln!(
@@ -390,12 +392,6 @@ mod tests {
             .unwrap();
         let migration = include_str!("../../migrations/postgres/0009_hops_in_summaries.sql");
         sqlx::raw_sql(migration).execute(&mut db).await.unwrap();
-        let hops: Vec<(String,)> =
-            sqlx::query_as("SELECT hops FROM trace_summaries ORDER BY trace_id")
-                .fetch_all(&mut db)
-                .await
-                .unwrap();
-        assert_eq!(sorted(decode_hops(&hops[0].0)), sorted(expected()));
-        assert_eq!(hops[1].0, "[]", "a summary without hops");
+        check_migrated(sqlx::query_as(MIGRATED).fetch_all(&mut db).await.unwrap());
     }
 }
