@@ -518,6 +518,14 @@ async fn bad_http_input_gets_a_clear_answer_and_good_spans_are_kept() {
                 .await
                 .unwrap_or_else(|e| panic!("{context}: {e}"));
             let status = response.status().as_u16();
+            if case.message.contains("(its Content-Length)") {
+                // The body was left unread: the client must not reuse the connection.
+                assert_eq!(
+                    response.headers().get("connection").map(|v| v.as_bytes()),
+                    Some(&b"close"[..]),
+                    "{context}"
+                );
+            }
             let reply_type = response
                 .headers()
                 .get("content-type")

@@ -63,6 +63,9 @@ pub struct OtlpHttpError {
     message: String,
     format: Format,
     retry_after: bool,
+    /// The request's body was left unread: the connection is closed after the answer, and
+    /// `Connection: close` tells the client not to send its next request on it.
+    close: bool,
 }
 
 impl OtlpHttpError {
@@ -73,7 +76,13 @@ impl OtlpHttpError {
             message: message.into(),
             format,
             retry_after: false,
+            close: false,
         }
+    }
+
+    fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 }
 
@@ -96,6 +105,11 @@ impl IntoResponse for OtlpHttpError {
             body,
         )
             .into_response();
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if self.retry_after {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -186,7 +200,7 @@ async fn export_inner(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large(" (its Content-Length)"));
+        return Err(too_large(" (its Content-Length)").closing());
     }
     let mut memory = state.receiver.body_memory();
     let mut body = Limited::new(body, limit);
@@ -199,7 +213,7 @@ async fn export_inner(
         let data = match frame {
             Ok(frame) => frame.into_data().unwrap_or_default(),
             Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(too_large(""));
+                return Err(too_large("").closing());
             }
             Err(error) => {
                 return Err(OtlpHttpError::new(
@@ -207,7 +221,8 @@ async fn export_inner(
                     INVALID_ARGUMENT,
                     format,
                     format!("could not read the request body: {error}"),
-                ));
+                )
+                .closing());
             }
         };
         if let Err(error) = memory.received(data.len()) {
