@@ -4,7 +4,8 @@
 //! A counting allocator records the peak of live Rust heap bytes (SQLite's own allocations
 //! are not counted: they are the fixed page caches).
 //! 1. An export request from its body to the encoded rows waiting for the writer: the
-//!    body, the decoded request, the normalised spans and the rows, per body byte, over
+//!    body, the decoded request, the normalised spans, the rows and the spans' projection
+//!    held for the analyzer (`recent`), per body byte, over
 //!    protobuf and over JSON, for requests of 100, 512 and 4,096 spans.
 //! 2. The analyzer's pass: 200 traces read with `Store::traces_within`, analysed and
 //!    summarised, per byte of span rows read.
@@ -17,10 +18,12 @@ use budgetscope::analyze::summary::summarize;
 use budgetscope::analyze::{AnalyzeOptions, analyze};
 use budgetscope::budget::DEFAULT_BUDGET_KEYS;
 use budgetscope::generate::generate;
+use budgetscope::memory::MemoryBudget;
 use budgetscope::model::{Span, TraceId};
 use budgetscope::normalize::{NormalizeOptions, normalize};
 use budgetscope::receive::lenient::decode_request;
 use budgetscope::receive::{otlp_json, prepare};
+use budgetscope::recent::Recent;
 use prost::Message as _;
 
 struct Counting;
@@ -78,6 +81,8 @@ fn requests() {
     println!("| request | body bytes | peak heap ÷ body bytes | rows ÷ body bytes |");
     println!("|---|---|---|---|");
     let options = options();
+    // As on the server, the request also holds its spans' projection for the analyzer.
+    let recent = Recent::new(&MemoryBudget::with_pool(1 << 30));
     for batch in [100, 512, 4_096] {
         let request = generate(batch, batch).remove(0);
         let protobuf = request.encode_to_vec();
@@ -91,7 +96,9 @@ fn requests() {
                     _ => otlp_json::decode(std::str::from_utf8(&body).expect("UTF-8"))
                         .expect("decodes"),
                 };
-                prepare(request, &options, now(), None, Vec::new()).0
+                let (rows, held, _) =
+                    prepare(request, &options, now(), None, Vec::new(), Some(&recent));
+                (rows, held)
             });
             let rows_bytes = LIVE.load(Ordering::Relaxed);
             drop(rows);

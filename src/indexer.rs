@@ -20,6 +20,7 @@ use crate::ingest::Ingestor;
 use crate::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
 use crate::metrics::Metrics;
 use crate::model::{Span, TraceId};
+use crate::recent::{HeldSpan, Recent};
 use crate::store::{Store, StoreError};
 
 /// Traces analysed per pass (one transaction of summaries), at most: fewer when their
@@ -34,6 +35,8 @@ pub struct IndexerOptions {
     pub metrics: Arc<Metrics>,
     /// Each pass reserves its working memory here (`MemoryBudget::reserve_pass`).
     pub memory: Arc<MemoryBudget>,
+    /// Committed spans held in memory: a trace whose spans are all there is not read back.
+    pub recent: Arc<Recent>,
 }
 
 /// While ingest is backlogged, the analyzer rests this many times as long as its last pass
@@ -124,23 +127,44 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<P
     let mut ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     ids.dedup();
+    // Traces whose spans are all held in memory (as many as the store has) are not read.
+    let mut held = options.recent.take(&ids);
+    if !held.is_empty() {
+        let candidates: Vec<TraceId> = held.keys().copied().collect();
+        let stored = store.span_counts(&candidates).await?;
+        held.retain(|id, spans| stored.get(id) == Some(&(spans.len() as u64)));
+    }
+    let from_memory = held.len() as u64;
+    let unheld: Vec<TraceId> = ids
+        .iter()
+        .filter(|id| !held.contains_key(id))
+        .copied()
+        .collect();
     let mut memory = options.memory.reserve_pass();
     let max_bytes = memory.bytes() / PASS_BYTES_PER_ROW_BYTE;
-    let (spans, bytes) = store.traces_within(&ids, max_bytes).await?;
-    memory.set(bytes * PASS_BYTES_PER_ROW_BYTE);
+    let (spans, bytes, stopped) = if unheld.is_empty() {
+        (Vec::new(), 0, false)
+    } else {
+        let (spans, bytes) = store.traces_within(&unheld, max_bytes).await?;
+        (spans, bytes, bytes >= max_bytes)
+    };
+    let held_bytes: u64 = held.values().flatten().map(HeldSpan::bytes).sum();
+    memory.set((bytes + held_bytes) * PASS_BYTES_PER_ROW_BYTE);
     // Traces are read in id order: when the reading stopped at the limit, traces after
     // the last one read wait for the next pass; the ones up to it without spans were
     // deleted by retention since they were marked (no summary; their marks are cleared).
-    let stopped = bytes >= max_bytes;
     let last_read = spans.iter().map(|s| s.trace_id).max();
     if stopped && let Some(last) = last_read {
-        ids.retain(|id| *id <= last);
-        marks.retain(|(id, _)| *id <= last);
+        ids.retain(|id| *id <= last || held.contains_key(id));
+        marks.retain(|(id, _)| *id <= last || held.contains_key(id));
     }
     let analyze_options = options.analyze.clone();
     // One blocking task for the pass: group by trace, analyse, summarise.
     let summaries = tokio::task::spawn_blocking(move || {
-        let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
+        let mut by_trace: HashMap<TraceId, Vec<Span>> = held
+            .into_iter()
+            .map(|(id, spans)| (id, spans.iter().map(HeldSpan::to_span).collect()))
+            .collect();
         for span in spans {
             by_trace.entry(span.trace_id).or_default().push(span);
         }
@@ -162,6 +186,10 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<P
         .metrics
         .traces_analysed
         .inc_by(summaries.len() as u64);
+    options
+        .metrics
+        .traces_analysed_from_memory
+        .inc_by(from_memory);
     Ok(Pass {
         analysed: ids.len(),
         more: full_page || stopped,

@@ -21,6 +21,7 @@ pub mod model;
 pub mod normalize;
 pub mod offline;
 pub mod receive;
+pub mod recent;
 pub mod server;
 pub mod status;
 pub mod store;

@@ -1,6 +1,7 @@
-//! One budget of working memory (`--memory-limit`), shared by the two things whose memory
-//! grows with load: export requests from their first body byte until their spans are
-//! committed, and the background analyzer's pass.
+//! One budget of working memory (`--memory-limit`), shared by what grows with load: export
+//! requests from their first body byte until their spans are committed, the committed
+//! spans held for the analyzer (`crate::recent`, which only takes what is free), and the
+//! background analyzer's pass.
 //!
 //! Architecture invariant: ingest only ever *tries* to reserve, and a request that finds no
 //! room is refused with a retryable status before more of it is read; the analyzer always

@@ -84,6 +84,8 @@ pub struct Metrics {
     pub spans_refused: Counter,
     pub spans_stored: Counter,
     pub traces_analysed: Counter,
+    /// Of `traces_analysed`, those whose spans were all held in memory (not read back).
+    pub traces_analysed_from_memory: Counter,
     pub alert_evaluations: Counter,
     /// Seconds from a request's spans entering the ingest queue to their commit.
     pub commit_seconds: Histogram,
@@ -106,6 +108,7 @@ impl Default for Metrics {
             spans_refused: Counter::default(),
             spans_stored: Counter::default(),
             traces_analysed: Counter::default(),
+            traces_analysed_from_memory: Counter::default(),
             alert_evaluations: Counter::default(),
             commit_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
@@ -257,6 +260,11 @@ impl Metrics {
             "traces_analysed",
             "Trace analyses written by the background analyzer",
             self.traces_analysed.clone(),
+        );
+        registry.register(
+            "traces_analysed_from_memory",
+            "Trace analyses whose spans were all still held in memory, so not read back from the store",
+            self.traces_analysed_from_memory.clone(),
         );
         registry.register(
             "alert_evaluations",

@@ -24,6 +24,7 @@ use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
 use crate::receive::{self, Receiver};
+use crate::recent::Recent;
 use crate::status::{self, Monitor};
 use crate::store::{self, Store};
 use crate::web::{self, AppState};
@@ -96,6 +97,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     );
     let metrics = Arc::new(Metrics::default());
     let memory = MemoryBudget::for_limit(config.memory_limit);
+    let recent = Recent::new(&memory);
     let receiver = Receiver::new(
         ingestor.clone(),
         NormalizeOptions {
@@ -103,6 +105,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         },
         metrics.clone(),
         memory.clone(),
+        recent.clone(),
     );
 
     let stop_accepting = CancellationToken::new();
@@ -184,6 +187,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 },
                 metrics: metrics.clone(),
                 memory,
+                recent,
             },
             ingestor.clone(),
             stop_background.clone(),

@@ -71,8 +71,9 @@ struct State {
     last: Option<Status>,
     /// (when, traces analysed so far), over `RATE_WINDOW`.
     analysed: VecDeque<(Instant, u64)>,
-    /// The last count of stored spans: (when, count, this process's committed spans then).
-    counted: Option<(Instant, u64, u64)>,
+    /// The last count of stored spans: (when, count, this process's committed spans then,
+    /// whether no commit finished while it was counted).
+    counted: Option<(Instant, u64, u64, bool)>,
     /// When the lag was last logged, while it lasts.
     logged: Option<Instant>,
 }
@@ -108,24 +109,30 @@ impl Monitor {
 
     /// Measures now and keeps the result.
     pub async fn measure(&self) -> Result<Status, StoreError> {
-        let committed = self.metrics.spans_stored.get();
         let recount = self
             .lock()
             .counted
-            .is_none_or(|(at, _, _)| at.elapsed() >= COUNT_EVERY);
+            .is_none_or(|(at, _, _, clean)| !clean || at.elapsed() >= COUNT_EVERY);
+        // A commit that finished while the count ran may be in it or not: such a count is
+        // kept only until a clean one replaces it (measured again at the next tick).
+        let before = self.metrics.spans_stored.get();
         let count = match recount {
             true => Some(self.store.span_count().await?),
             false => None,
         };
+        let committed = self.metrics.spans_stored.get();
         let (traces_pending, oldest) = self.store.analysis_backlog().await?;
         let wall = now_unix_nano().max(0) as u64;
         let now = Instant::now();
         let analysed = self.metrics.traces_analysed.get();
         let mut state = self.lock();
         if let Some(count) = count {
-            state.counted = Some((now, count, committed));
+            let clean = before == committed;
+            if clean || state.counted.is_none_or(|(_, _, _, clean)| !clean) {
+                state.counted = Some((now, count, committed, clean));
+            }
         }
-        let (_, base, then) = state.counted.unwrap_or((now, 0, committed));
+        let (_, base, then, _) = state.counted.unwrap_or((now, 0, committed, false));
         state.analysed.push_back((now, analysed));
         while state
             .analysed

@@ -50,6 +50,7 @@ async fn trace_search_and_hops_through_the_router() {
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
         };
         assert_eq!(
             index_pass(store.as_ref(), &options).await.unwrap().analysed,

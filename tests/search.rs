@@ -206,6 +206,67 @@ edge server "GET /" 0 300 budget=800
     }
 }
 
+/// `budgetscope_traces_analysed_from_memory_total` of a running server.
+async fn analysed_from_memory(server: &budgetscope::server::RunningServer) -> u64 {
+    let text = common::get_text(server, "/metrics").await;
+    text.lines()
+        .find_map(|line| line.strip_prefix("budgetscope_traces_analysed_from_memory_total "))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no from-memory counter in /metrics:\n{text}")) as u64
+}
+
+/// A trace whose spans all went through this process is analysed from memory; one whose
+/// first spans were committed before a restart is read from the store, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_held_in_memory_are_used_only_when_they_are_all_of_the_trace() {
+    let chain = r#"
+edge server "GET /" 0 300 budget=800
+  edge client "billing" 10 200 budget=5000
+    billing server "Charge" 12 190 budget=5000
+"#;
+    for db in TestDb::all().await {
+        let server = start(&db, &["--quiet-period", "100ms"]).await;
+        post_otlp(&server, &otlp_request(&trace(11, chain), 1000)).await;
+        let found = search_until(&server, "", 1).await;
+        assert_eq!(found["traces"][0]["span_count"], 3, "{}", db.backend);
+        assert_eq!(analysed_from_memory(&server).await, 1, "{}", db.backend);
+        server.shutdown().await;
+
+        // Two spans committed by an instance that stopped before analysing them…
+        let mut spans = trace(12, chain);
+        let late = spans.pop().unwrap();
+        let first = start(&db, &["--quiet-period", "1h"]).await;
+        post_otlp(&first, &otlp_request(&spans, 1000)).await;
+        first.shutdown().await;
+        // …and the third through the next one, which holds only that.
+        let next = start(&db, &["--quiet-period", "100ms"]).await;
+        post_otlp(&next, &otlp_request(&[late], 1000)).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, found) = get_json(&next, "/api/traces?limit=5").await;
+            let summary = found["traces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["trace_id"] == hex(12))
+                .cloned();
+            if let Some(summary) = summary {
+                assert_eq!(summary["span_count"], 3, "{}: {summary}", db.backend);
+                assert_eq!(summary["services"], serde_json::json!(["billing", "edge"]));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: not analysed: {found}",
+                db.backend
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(analysed_from_memory(&next).await, 0, "{}", db.backend);
+        next.shutdown().await;
+    }
+}
+
 /// While ingest is backlogged the analyzer rests between passes, but it never stops: every
 /// quiet trace is still summarised, across more than one pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,6 +288,7 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
         };
         let always_backlogged = || true;
         let stop = CancellationToken::new();
@@ -264,6 +326,7 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: memory.clone(),
+            recent: budgetscope::recent::Recent::new(&memory),
         };
         let mut passes = Vec::new();
         loop {
@@ -296,6 +359,8 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
 async fn the_status_says_what_waits_for_analysis_and_when_it_has_caught_up() {
     for db in TestDb::all().await {
         let server = start(&db, &["--quiet-period", "3s"]).await;
+        // The first count of stored spans, before any commit could run beside it.
+        wait_for_status(&server, |s| s["spans_stored"] == 0).await;
         for id in 1..=3 {
             let spans = trace(
                 id,

@@ -57,6 +57,7 @@ async fn every_page_shows_the_budget_story() {
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
         };
         assert_eq!(
             index_pass(store.as_ref(), &options).await.unwrap().analysed,

@@ -72,6 +72,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
             now,
             repaired.then_some(LOSSY_UTF8_WARNING),
             rejected,
+            None,
         ));
     };
     let baseline = |body: &Bytes| {
@@ -240,6 +241,9 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         analyze: AnalyzeOptions::default(),
         metrics: Default::default(),
         memory: budgetscope::memory::MemoryBudget::for_limit(budgetscope::memory::DEFAULT_LIMIT),
+        recent: budgetscope::recent::Recent::new(&budgetscope::memory::MemoryBudget::for_limit(
+            budgetscope::memory::DEFAULT_LIMIT,
+        )),
     };
     let mut traces = 0usize;
     let mut last_report = Instant::now();

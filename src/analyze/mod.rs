@@ -17,6 +17,7 @@
 pub mod fixture;
 pub mod hops;
 mod rules;
+pub use rules::ATTRIBUTES_READ;
 mod skew;
 pub mod summary;
 pub mod text;

@@ -71,8 +71,35 @@ impl Facts<'_> {
     }
 }
 
+/// Every attribute the rules read: spans analysed with only these attributes get the same
+/// flags, summary and hop samples (`crate::recent` holds only these).
+pub const ATTRIBUTES_READ: [&str; 13] = [
+    "server.address",
+    "peer.service",
+    "rpc.service",
+    "rpc.method",
+    "url.full",
+    "rpc.grpc.status_code",
+    "http.response.status_code",
+    "http.status_code",
+    "error.type",
+    "http.request.method",
+    "http.method",
+    "http.request.header.idempotency-key",
+    "http.request.header.x-idempotency-key",
+];
+
+/// The one way the rules read an attribute.
+fn read<'a>(span: &'a Span, key: &str) -> Option<&'a AttrValue> {
+    debug_assert!(
+        ATTRIBUTES_READ.contains(&key),
+        "{key} is not in ATTRIBUTES_READ"
+    );
+    attr(&span.attributes, key)
+}
+
 fn text(span: &Span, key: &str) -> Option<String> {
-    match attr(&span.attributes, key)? {
+    match read(span, key)? {
         AttrValue::String(s) if !s.is_empty() => Some(s.clone()),
         AttrValue::Int(i) => Some(i.to_string()),
         _ => None,
@@ -80,7 +107,7 @@ fn text(span: &Span, key: &str) -> Option<String> {
 }
 
 fn number(span: &Span, key: &str) -> Option<i64> {
-    match attr(&span.attributes, key)? {
+    match read(span, key)? {
         AttrValue::Int(i) => Some(*i),
         AttrValue::String(s) => s.trim().parse().ok(),
         AttrValue::Double(d) if d.fract() == 0.0 => Some(*d as i64),
@@ -90,7 +117,7 @@ fn number(span: &Span, key: &str) -> Option<i64> {
 
 /// gRPC DEADLINE_EXCEEDED, HTTP 504, or an `error.type` naming a deadline or timeout.
 pub(super) fn is_deadline_class(span: &Span) -> bool {
-    let grpc = match attr(&span.attributes, "rpc.grpc.status_code") {
+    let grpc = match read(span, "rpc.grpc.status_code") {
         Some(AttrValue::String(s)) => {
             s.trim() == "4" || s.trim().eq_ignore_ascii_case("DEADLINE_EXCEEDED")
         }
@@ -114,7 +141,7 @@ fn outcome_unknown(span: &Span) -> bool {
         "rpc.grpc.status_code",
     ]
     .iter()
-    .any(|key| attr(&span.attributes, key).is_some());
+    .any(|key| read(span, key).is_some());
     is_deadline_class(span) || (!answered && span.status.code != crate::model::StatusCode::Ok)
 }
 
@@ -130,7 +157,7 @@ fn has_idempotency_key(span: &Span) -> bool {
         "http.request.header.x-idempotency-key",
     ]
     .iter()
-    .any(|key| attr(&span.attributes, key).is_some())
+    .any(|key| read(span, key).is_some())
 }
 
 fn is_unsafe_method(span: &Span) -> Option<String> {

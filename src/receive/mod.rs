@@ -23,6 +23,7 @@ use crate::ingest::{Admission, IngestError, Ingestor};
 use crate::memory::{MemoryBudget, REQUEST_BYTES_PER_BODY_BYTE, Reservation};
 use crate::metrics::Metrics;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
+use crate::recent::{HeldSpan, Recent};
 use crate::store::EncodedBatch;
 pub use json_spans::Rejection;
 
@@ -60,6 +61,8 @@ pub struct Receiver {
     options: NormalizeOptions,
     metrics: Arc<Metrics>,
     memory: Arc<MemoryBudget>,
+    /// Committed spans are held here for the analyzer.
+    recent: Arc<Recent>,
 }
 
 impl Receiver {
@@ -68,12 +71,14 @@ impl Receiver {
         options: NormalizeOptions,
         metrics: Arc<Metrics>,
         memory: Arc<MemoryBudget>,
+        recent: Arc<Recent>,
     ) -> Arc<Receiver> {
         Arc::new(Receiver {
             ingestor,
             options,
             metrics,
             memory,
+            recent,
         })
     }
 
@@ -129,20 +134,21 @@ impl Receiver {
             self.metrics.spans_refused.inc_by(span_count as u64);
         })?;
         self.metrics.spans_received.inc_by(span_count as u64);
-        let (batch, accepted) = prepare(
+        let (batch, held, accepted) = prepare(
             request,
             &self.options,
             crate::store::now_unix_nano() as u64,
             warning,
             rejected,
+            Some(&self.recent),
         );
-        Ok(Prepared(Some((admission, batch)), accepted))
+        Ok(Prepared(Some((admission, batch, held)), accepted))
     }
 
     /// The rest of `export`: waits until the prepared spans are committed.
     pub async fn commit(&self, prepared: Prepared) -> Result<Accepted, IngestError> {
         self.metrics.spans_rejected.inc_by(prepared.1.rejected);
-        let Prepared(Some((admission, batch)), accepted) = prepared else {
+        let Prepared(Some((admission, batch, held)), accepted) = prepared else {
             return Ok(prepared.1);
         };
         let spans = batch.len() as u64;
@@ -150,6 +156,7 @@ impl Receiver {
         match self.ingestor.commit(admission, batch).await {
             Ok(()) => {
                 self.metrics.spans_stored.inc_by(spans);
+                self.recent.add(held);
                 self.metrics
                     .commit_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -211,17 +218,19 @@ impl BodyMemory {
 
 /// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (no batch
 /// when the request held no valid spans), and what its answer says of rejected spans.
-pub struct Prepared(Option<(Admission, EncodedBatch)>, Accepted);
+pub struct Prepared(Option<(Admission, EncodedBatch, Vec<HeldSpan>)>, Accepted);
 
 /// A request's CPU work before the writer: normalises and validates its spans and encodes
-/// the valid ones into rows. `warning` goes on every span (see `Receiver::export`).
+/// the valid ones into rows, and projects them for `recent` when given. `warning` goes on
+/// every span (see `Receiver::export`).
 pub fn prepare(
     request: ExportTraceServiceRequest,
     options: &NormalizeOptions,
     now_unix_nano: u64,
     warning: Option<&'static str>,
     rejected: Vec<Rejection>,
-) -> (EncodedBatch, Accepted) {
+    recent: Option<&Recent>,
+) -> (EncodedBatch, Vec<HeldSpan>, Accepted) {
     let mut normalized = normalize(request, options, now_unix_nano);
     for (reason, which) in rejected {
         normalized.reject(reason, which);
@@ -232,7 +241,8 @@ pub fn prepare(
         }
     }
     let accepted = accepted(&normalized);
-    (EncodedBatch::from_spans(normalized.spans), accepted)
+    let held = recent.map_or_else(Vec::new, |recent| recent.project(&normalized.spans));
+    (EncodedBatch::from_spans(normalized.spans), held, accepted)
 }
 
 /// What the answer says of a request's rejected spans.

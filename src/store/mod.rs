@@ -12,6 +12,7 @@ pub mod rollup;
 pub mod sqlite;
 mod summaries;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -88,6 +89,11 @@ pub trait Store: AlertStore + Send + Sync + 'static {
         trace_ids: &[TraceId],
         max_bytes: u64,
     ) -> Result<(Vec<Span>, u64), StoreError>;
+
+    /// How many spans are stored of each of `trace_ids` (traces with none are left out): the
+    /// analyzer's check that the spans it holds in memory are all of a trace's.
+    async fn span_counts(&self, trace_ids: &[TraceId])
+    -> Result<HashMap<TraceId, u64>, StoreError>;
 
     /// Service names, sorted.
     async fn services(&self) -> Result<Vec<String>, StoreError>;
@@ -494,6 +500,18 @@ impl Within {
 
 pub(crate) fn decode_rows(rows: Vec<StoredRow>) -> Result<Vec<Span>, StoreError> {
     rows.into_iter().map(StoredRow::decode).collect()
+}
+
+pub(crate) fn decode_counts(
+    rows: Vec<(Vec<u8>, i64)>,
+) -> Result<HashMap<TraceId, u64>, StoreError> {
+    rows.into_iter()
+        .map(|(id, count)| {
+            let id = TraceId::from_bytes(&id)
+                .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
+            Ok((id, count.max(0) as u64))
+        })
+        .collect()
 }
 
 pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {

@@ -5,6 +5,7 @@
 //! after Postgres flushed its WAL (the server's `synchronous_commit`), so acknowledged
 //! spans survive a crash of either process.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,7 +23,7 @@ use super::query::{
 };
 use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
 use super::summaries::{Dialect, delete_summaries_before, write_summaries};
-use super::{decode_marks, now_unix_nano, rollup_ranges};
+use super::{decode_counts, decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -352,6 +353,20 @@ impl Store for PostgresStore {
             }
         }
         Ok(within.finish())
+    }
+
+    async fn span_counts(
+        &self,
+        trace_ids: &[TraceId],
+    ) -> Result<HashMap<TraceId, u64>, StoreError> {
+        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
+        let rows = sqlx::query_as(
+            "SELECT trace_id, count(*) FROM spans WHERE trace_id = ANY($1) GROUP BY trace_id",
+        )
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        decode_counts(rows)
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {

@@ -23,13 +23,13 @@ use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     Within, decode_operations, decode_rows,
 };
-use super::{decode_marks, now_unix_nano, rollup_ranges};
+use super::{decode_counts, decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
 use crate::model::{Span, TraceId};
 use futures_util::TryStreamExt as _;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -558,6 +558,24 @@ impl Store for SqliteStore {
             }
         }
         Ok(within.finish())
+    }
+
+    async fn span_counts(
+        &self,
+        trace_ids: &[TraceId],
+    ) -> Result<HashMap<TraceId, u64>, StoreError> {
+        let mut counts = HashMap::new();
+        for chunk in trace_ids.chunks(500) {
+            // Counted in the primary key's index, without reading the rows.
+            let mut q =
+                QueryBuilder::new("SELECT trace_id, count(*) FROM spans WHERE trace_id IN ");
+            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+            q.push(" GROUP BY trace_id");
+            counts.extend(decode_counts(
+                q.build_query_as().fetch_all(&self.reader).await?,
+            )?);
+        }
+        Ok(counts)
     }
 
     async fn services(&self) -> Result<Vec<String>, StoreError> {
