@@ -508,6 +508,100 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
     );
 }
 
+/// A re-analysed trace's index terms are replaced, not added to; retention deletes the
+/// terms of the summaries it deletes and keeps the others'.
+#[tokio::test]
+async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
+    use budgetscope::analyze::Outcome;
+    use budgetscope::analyze::summary::TraceSummary;
+    let summary = |id: u8, start: u64, services: &[&str]| {
+        (
+            TraceSummary {
+                trace_id: TraceId([id; 16]),
+                root_service: "edge".into(),
+                root_name: "GET /".into(),
+                start_unix_nano: start,
+                duration_ms: 10.0,
+                budget_ms: Some(100.0),
+                answer_ms: Some(10.0),
+                outcome: Outcome::Ok,
+                origins: Vec::new(),
+                burner: None,
+                flag_counts: Default::default(),
+                span_count: services.len(),
+                services: services.iter().map(|s| s.to_string()).collect(),
+                operations: services
+                    .iter()
+                    .map(|s| (s.to_string(), "GET /".into()))
+                    .collect(),
+            },
+            Vec::new(),
+        )
+    };
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.unwrap();
+        let terms = |id: u8| {
+            let db = &db;
+            async move {
+                let hex: String = [id; 16].iter().map(|b| format!("{b:02x}")).collect();
+                let blob = match db.backend {
+                    "sqlite" => format!("X'{hex}'"),
+                    _ => format!("'\\x{hex}'::bytea"),
+                };
+                db.texts(&format!(
+                    "SELECT term || '@' || CAST(start_unix_nano AS TEXT) FROM trace_terms \
+                     WHERE trace_id = {blob} ORDER BY 1"
+                ))
+                .await
+            }
+        };
+        let (a, b) = (TraceId([1; 16]), TraceId([2; 16]));
+        store
+            .write_summaries(
+                &[
+                    summary(1, 1_000, &["billing", "edge"]),
+                    summary(2, 9_000, &["edge"]),
+                ],
+                &[(a, 1), (b, 1)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            terms(1).await,
+            [
+                "op:billing\tGET /@1000",
+                "op:edge\tGET /@1000",
+                "opname:GET /@1000",
+                "outcome:ok@1000",
+                "service:billing@1000",
+                "service:edge@1000"
+            ],
+            "{}",
+            db.backend
+        );
+        // A late span: billing is gone and the trace starts earlier.
+        store
+            .write_summaries(&[summary(1, 500, &["edge"])], &[(a, 2)])
+            .await
+            .unwrap();
+        let edge_only = |at: &str| {
+            [
+                "op:edge\tGET /",
+                "opname:GET /",
+                "outcome:ok",
+                "service:edge",
+            ]
+            .map(|t| format!("{t}@{at}"))
+            .to_vec()
+        };
+        assert_eq!(terms(1).await, edge_only("500"), "{}", db.backend);
+        assert_eq!(terms(2).await, edge_only("9000"), "{}", db.backend);
+        store.delete_before(5_000, 100).await.unwrap();
+        assert!(terms(1).await.is_empty(), "{}", db.backend);
+        assert_eq!(terms(2).await, edge_only("9000"), "{}", db.backend);
+    }
+}
+
 /// Regression: on Postgres with autovacuum off (as on the project's machine), a search for a
 /// common term sorted every match (109 ms at 57k traces) because the planner still had the
 /// statistics of an empty table. The store refreshes them as summaries accumulate.

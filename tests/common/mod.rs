@@ -75,6 +75,22 @@ impl TestDb {
     }
 
     /// Runs one statement on a connection of its own, beside the store.
+    /// The first column of every row `sql` returns, as text.
+    pub async fn texts(&self, sql: &str) -> Vec<String> {
+        use sqlx::Connection as _;
+        let sql = sqlx::AssertSqlSafe(sql.to_string());
+        match self.backend {
+            "sqlite" => {
+                let mut conn = sqlx::SqliteConnection::connect(&self.url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+            }
+            _ => {
+                let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_all(&mut conn).await.unwrap()
+            }
+        }
+    }
+
     pub async fn execute(&self, sql: &str) {
         use sqlx::Connection as _;
         let sql = sqlx::AssertSqlSafe(sql.to_string());
