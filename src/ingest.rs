@@ -21,6 +21,9 @@ use tokio::task::JoinHandle;
 
 use crate::store::{EncodedBatch, Store, StoreError};
 
+/// Ingest is backlogged while more than 1/4 of `max_queued_spans` wait for their commit.
+const BACKLOG_DIVISOR: usize = 4;
+
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
     /// Spans accepted but not yet committed, at most. Past this, exporters are told to retry.
@@ -169,10 +172,11 @@ impl Ingestor {
         (self.max_queued_spans - self.admission.available_permits()) as u64
     }
 
-    /// Whether an admitted request is waiting for a writer right now: the store is the
-    /// bottleneck, and background work that also writes (the analyzer) should make room.
+    /// Whether ingest has fallen behind: more than a quarter of `max_queued_spans` wait for
+    /// their commit. Background work that also writes (the analyzer) makes room then; below
+    /// it, the queue is drained by the next few commits and refusals are far off.
     pub fn backlogged(&self) -> bool {
-        !self.jobs.is_empty()
+        self.queued_spans() > (self.max_queued_spans / BACKLOG_DIVISOR) as u64
     }
 
     /// Stops accepting, commits everything already queued, and waits for the writers.

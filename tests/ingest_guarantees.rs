@@ -440,10 +440,10 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
-/// The analyzer yields to ingest on this signal, so it must be true exactly while a request
-/// waits for the store and false again once the store has caught up.
+/// The analyzer yields to ingest on this signal, so it must be true exactly while more than
+/// a quarter of the queue waits for the store, and false again once the store has caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
+async fn ingest_reports_a_backlog_only_while_a_quarter_of_the_queue_waits() {
     use budgetscope::ingest::{IngestOptions, Ingestor};
     use budgetscope::store::EncodedBatch;
 
@@ -453,7 +453,7 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
         store,
         &IngestOptions {
             max_queued_spans: 100,
-            // One job per transaction, so the second job cannot ride along with the first.
+            // One job per transaction, so queued jobs cannot ride along with the first.
             max_batch_spans: 1,
             writers: 1,
             own_threads: true,
@@ -473,19 +473,21 @@ async fn ingest_reports_a_backlog_only_while_requests_wait_for_the_store() {
             ingestor.commit(admission, batch).await
         })
     };
-    let first = submit(1);
-    // The writer takes the first job at once and then waits for the lock.
-    eventually("the writer took the first job", || !ingestor.backlogged()).await;
-    let second = submit(2);
-    eventually("the second job waits in the queue", || {
-        ingestor.backlogged()
-    })
-    .await;
+    // The writer takes the first job and waits for the lock; 25 spans wait in all.
+    let mut jobs: Vec<_> = (1..=25).map(submit).collect();
+    eventually("25 spans queued", || ingestor.queued_spans() == 25).await;
+    assert!(
+        !ingestor.backlogged(),
+        "a quarter of the queue is not a backlog"
+    );
+    jobs.push(submit(26));
+    eventually("the 26th span makes a backlog", || ingestor.backlogged()).await;
 
     sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
-    assert_eq!(first.await.unwrap(), Ok(()));
-    assert_eq!(second.await.unwrap(), Ok(()));
-    assert!(!ingestor.backlogged(), "both jobs committed");
+    for job in jobs {
+        assert_eq!(job.await.unwrap(), Ok(()));
+    }
+    assert!(!ingestor.backlogged(), "every job committed");
     ingestor.shutdown().await;
 }
 
