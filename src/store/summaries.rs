@@ -2,14 +2,12 @@
 //! once for both stores: summaries (each with its trace's hop samples), index terms, the
 //! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
-use super::query::{
-    SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, summary_upsert, terms,
-};
+use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
 use super::rollup::{RollupKey, StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
 use crate::analyze::hops::{HopSample, Rollup};
 use crate::analyze::summary::TraceSummary;
@@ -28,24 +26,6 @@ pub(crate) struct Dialect {
     pub rollup_lock: &'static str,
 }
 
-/// A summary as stored, with its hop samples: what a re-analysed trace contributed before.
-#[derive(sqlx::FromRow)]
-pub(crate) struct OldSummary {
-    #[sqlx(flatten)]
-    summary: StoredSummary,
-    hops: String,
-}
-
-/// An index term row: (term, start_unix_nano, trace_id).
-type Term = (String, i64, Vec<u8>);
-
-fn term_rows(summary: &TraceSummary) -> impl Iterator<Item = Term> + '_ {
-    let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
-    terms(summary)
-        .into_iter()
-        .map(move |term| (term, start, summary.trace_id.0.to_vec()))
-}
-
 /// Writes `traces` (each summary with its hop samples) and clears the marks in `analysed`
 /// (trace, mark) on `conn`, inside the caller's transaction. Each trace's hops replace
 /// what the trace contributed before (a late span). Returns the per-minute rollup deltas.
@@ -59,7 +39,7 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     for<'r> StoredRollup: FromRow<'r, DB::Row>,
-    for<'r> OldSummary: FromRow<'r, DB::Row>,
+    for<'r> (String,): FromRow<'r, DB::Row>,
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     String: for<'t> Encode<'t, DB> + Type<DB>,
     Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
@@ -67,39 +47,19 @@ where
     f64: for<'t> Encode<'t, DB> + Type<DB>,
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    // What each trace contributed before (a late span) comes back out: its hop samples
-    // from the rollups, and the index terms of its old summary.
+    // What each trace contributed before (a late span) comes back out; its terms go.
     let mut deltas = BTreeMap::new();
-    let mut old_terms: HashSet<Term> = HashSet::new();
     for chunk in analysed.chunks(CHUNK) {
-        let mut old = QueryBuilder::<DB>::new(format!(
-            "SELECT {SUMMARY_COLUMNS}, hops FROM trace_summaries WHERE trace_id IN "
-        ));
-        push_list(&mut old, chunk.iter().map(|(id, _)| id.0.to_vec()));
-        let old: Vec<OldSummary> = old.build_query_as().fetch_all(&mut *conn).await?;
-        for OldSummary { summary, hops } in old {
+        let ids = || chunk.iter().map(|(id, _)| id.0.to_vec());
+        let mut old =
+            QueryBuilder::<DB>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
+        push_list(&mut old, ids());
+        let old: Vec<(String,)> = old.build_query_as().fetch_all(&mut *conn).await?;
+        for (hops,) in old {
             add_samples(&mut deltas, &decode_hops(&hops), -1);
-            old_terms.extend(term_rows(&summary.decode()?).collect::<Vec<_>>());
         }
-    }
-    let new_terms: HashSet<Term> = traces
-        .iter()
-        .flat_map(|(summary, _)| term_rows(summary))
-        .collect();
-    let gone: Vec<&Term> = old_terms.difference(&new_terms).collect();
-    for chunk in gone.chunks(CHUNK) {
-        // The lists of terms and times let both stores find the rows by their key.
-        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term IN ");
-        push_list(&mut delete, chunk.iter().map(|(term, _, _)| term.clone()));
-        delete.push(" AND start_unix_nano IN ");
-        push_list(&mut delete, chunk.iter().map(|(_, start, _)| *start));
-        delete.push(" AND (term, start_unix_nano, trace_id) IN (");
-        delete.push_values(chunk, |mut b, (term, start, id)| {
-            b.push_bind(term.clone())
-                .push_bind(*start)
-                .push_bind(id.clone());
-        });
-        delete.push(")");
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE trace_id IN ");
+        push_list(&mut delete, ids());
         delete.build().execute(&mut *conn).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
@@ -118,8 +78,16 @@ where
     for (_, hops) in traces {
         add_samples(&mut deltas, hops, 1);
     }
-    let added: Vec<&Term> = new_terms.difference(&old_terms).collect();
-    for chunk in added.chunks(10 * CHUNK) {
+    let new_terms: Vec<(String, i64, Vec<u8>)> = traces
+        .iter()
+        .flat_map(|(summary, _)| {
+            let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
+            terms(summary)
+                .into_iter()
+                .map(move |term| (term, start, summary.trace_id.0.to_vec()))
+        })
+        .collect();
+    for chunk in new_terms.chunks(10 * CHUNK) {
         let mut insert =
             QueryBuilder::<DB>::new("INSERT INTO trace_terms (term, start_unix_nano, trace_id) ");
         insert.push_values(chunk, |mut b, (term, start, id)| {
@@ -168,8 +136,8 @@ pub(crate) fn push_list<DB: Database, T>(
 }
 
 /// Retention's work after the spans, in the caller's transaction: operations not seen
-/// since `cutoff`, the oldest `limit` summaries that started before it and the index terms
-/// of every summary gone, and the rollups of minutes before it.
+/// since `cutoff`, the oldest `limit` summaries that started before it with their index
+/// terms, and the rollups of minutes before it.
 pub(crate) async fn delete_summaries_before<DB: Database>(
     conn: &mut DB::Connection,
     cutoff: i64,
@@ -184,24 +152,16 @@ where
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
-    let mut summaries = QueryBuilder::<DB>::new(
-        "DELETE FROM trace_summaries WHERE trace_id IN \
-         (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < ",
-    );
-    summaries.push_bind(cutoff);
-    summaries.push(" ORDER BY start_unix_nano LIMIT ");
-    summaries.push_bind(i64::from(limit)).push(")");
-    summaries.build().execute(&mut *conn).await?;
-    // The terms of every summary deleted so far: those that started before the cutoff and
-    // before the oldest summary left.
-    let mut terms = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE start_unix_nano < ");
-    terms.push_bind(cutoff);
-    terms.push(
-        " AND start_unix_nano < \
-         COALESCE((SELECT min(start_unix_nano) FROM trace_summaries), ",
-    );
-    terms.push_bind(cutoff).push(")");
-    terms.build().execute(&mut *conn).await?;
+    for table in ["trace_terms", "trace_summaries"] {
+        let mut delete = QueryBuilder::<DB>::new(format!(
+            "DELETE FROM {table} WHERE trace_id IN \
+             (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < "
+        ));
+        delete.push_bind(cutoff);
+        delete.push(" ORDER BY start_unix_nano LIMIT ");
+        delete.push_bind(i64::from(limit)).push(")");
+        delete.build().execute(&mut *conn).await?;
+    }
     for table in ["hop_rollups", "hop_rollups_hourly"] {
         let mut delete =
             QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
