@@ -508,35 +508,39 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
     );
 }
 
+/// A healthy summary of a trace through `services`, each with one `GET /` hop.
+fn summary_of(
+    trace_id: TraceId,
+    start_unix_nano: u64,
+    services: &[&str],
+) -> budgetscope::analyze::summary::TraceSummary {
+    budgetscope::analyze::summary::TraceSummary {
+        trace_id,
+        root_service: "edge".into(),
+        root_name: "GET /".into(),
+        start_unix_nano,
+        duration_ms: 10.0,
+        budget_ms: Some(100.0),
+        answer_ms: Some(10.0),
+        outcome: budgetscope::analyze::Outcome::Ok,
+        origins: Vec::new(),
+        burner: None,
+        flag_counts: Default::default(),
+        span_count: services.len(),
+        services: services.iter().map(|s| s.to_string()).collect(),
+        operations: services
+            .iter()
+            .map(|s| (s.to_string(), "GET /".into()))
+            .collect(),
+    }
+}
+
 /// A re-analysed trace's index terms are replaced, not added to; retention deletes the
 /// terms of the summaries it deletes and keeps the others'.
 #[tokio::test]
 async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
-    use budgetscope::analyze::Outcome;
-    use budgetscope::analyze::summary::TraceSummary;
     let summary = |id: u8, start: u64, services: &[&str]| {
-        (
-            TraceSummary {
-                trace_id: TraceId([id; 16]),
-                root_service: "edge".into(),
-                root_name: "GET /".into(),
-                start_unix_nano: start,
-                duration_ms: 10.0,
-                budget_ms: Some(100.0),
-                answer_ms: Some(10.0),
-                outcome: Outcome::Ok,
-                origins: Vec::new(),
-                burner: None,
-                flag_counts: Default::default(),
-                span_count: services.len(),
-                services: services.iter().map(|s| s.to_string()).collect(),
-                operations: services
-                    .iter()
-                    .map(|s| (s.to_string(), "GET /".into()))
-                    .collect(),
-            },
-            Vec::new(),
-        )
+        (summary_of(TraceId([id; 16]), start, services), Vec::new())
     };
     for db in TestDb::all().await {
         let store = store::open(&db.url).await.unwrap();
@@ -607,8 +611,6 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
 /// statistics of an empty table. The store refreshes them as summaries accumulate.
 #[tokio::test]
 async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
-    use budgetscope::analyze::Outcome;
-    use budgetscope::analyze::summary::TraceSummary;
     use sqlx::Connection as _;
     let Some(db) = TestDb::postgres().await else {
         return;
@@ -619,22 +621,11 @@ async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
             let mut id = [1u8; 16];
             id[..4].copy_from_slice(&i.to_be_bytes());
             (
-                TraceSummary {
-                    trace_id: TraceId(id),
-                    root_service: "edge".into(),
-                    root_name: "GET /".into(),
-                    start_unix_nano: 1_700_000_000_000_000_000 + u64::from(i) * 1_000_000,
-                    duration_ms: 10.0,
-                    budget_ms: Some(100.0),
-                    answer_ms: Some(10.0),
-                    outcome: Outcome::Ok,
-                    origins: Vec::new(),
-                    burner: None,
-                    flag_counts: Default::default(),
-                    span_count: 1,
-                    services: vec!["edge".into()],
-                    operations: vec![("edge".into(), "GET /".into())],
-                },
+                summary_of(
+                    TraceId(id),
+                    1_700_000_000_000_000_000 + u64::from(i) * 1_000_000,
+                    &["edge"],
+                ),
                 Vec::new(),
             )
         })
