@@ -170,7 +170,7 @@ pub async fn index_pass(store: &dyn Store, options: &IndexerOptions) -> Result<P
     let summaries = tokio::task::spawn_blocking(move || {
         let mut by_trace: HashMap<TraceId, Vec<Span>> = held
             .into_iter()
-            .map(|(id, spans)| (id, spans.iter().map(HeldSpan::to_span).collect()))
+            .map(|(id, spans)| (id, spans.iter().map(|span| span.to_span(id)).collect()))
             .collect();
         for span in spans {
             by_trace.entry(span.trace_id).or_default().push(span);

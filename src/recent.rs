@@ -5,10 +5,10 @@
 //! held spans only when the store holds exactly as many spans of it and no span id is held
 //! twice; a span committed by another instance or before a restart, a trace that found no
 //! room, or a repeated span id sends the analyzer to the store instead. Held spans take
-//! their bytes from the memory budget, at most a quarter of its pool; a trace that finds no
+//! their bytes from the memory budget, at most a third of its pool; a trace that finds no
 //! room is let go from memory, never the cause of a refusal.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -16,46 +16,56 @@ use crate::analyze::ATTRIBUTES_READ;
 use crate::memory::{MemoryBudget, Reservation};
 use crate::model::{AttrValue, Budget, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 
-/// Held spans take at most this share of the memory budget's pool (1/4).
-const POOL_SHARE_DIVISOR: u64 = 4;
+/// Held spans take at most this share of the memory budget's pool (1/3, 128 MiB by default):
+/// at 50k spans/s the traces waiting out the quiet period hold 70–100 MiB, and a trace
+/// that finds no room is read back from the store, ten times the cost (BENCHMARKS.md).
+const POOL_SHARE_DIVISOR: u64 = 3;
 
 /// A trace held this long without being taken (its marks were cleared some other way) is
 /// let go, so nothing stays held for good.
 const STALE: Duration = Duration::from_secs(600);
 
-/// Distinct service and span names kept for sharing; past this the table starts over
-/// (names still held stay alive in their spans).
-const MAX_NAMES: usize = 100_000;
+/// Distinct operations (service and span name) kept for sharing; past this the table starts
+/// over (operations still held stay alive in their spans).
+const MAX_OPERATIONS: usize = 100_000;
 
 /// Bookkeeping per held trace (its map entry), beside its spans.
 const TRACE_OVERHEAD: u64 = 96;
 
-/// One span as the analysis reads it (`ATTRIBUTES_READ` and the fields its rules use).
+/// One span as the analysis reads it (`ATTRIBUTES_READ` and the fields its rules use),
+/// without its trace id (the key it is held under): 72 bytes inline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeldSpan {
-    trace_id: TraceId,
     span_id: SpanId,
     parent_span_id: Option<SpanId>,
-    service: Arc<str>,
-    name: Arc<str>,
+    /// Service and span name, shared by every span of the operation.
+    operation: Arc<Operation>,
     kind: SpanKind,
     status: StatusCode,
     start_unix_nano: u64,
     end_unix_nano: u64,
-    budget_ms: Option<f64>,
+    /// The budget in milliseconds, NaN for none (a budget is always finite).
+    budget_ms: f64,
     /// The attributes in `ATTRIBUTES_READ` (by index there), in the span's order.
     attributes: Box<[(u8, AttrValue)]>,
 }
 
+/// A service and span name, held once for all of its spans.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Operation {
+    service: Box<str>,
+    name: Box<str>,
+}
+
 impl HeldSpan {
     /// The span the analysis sees: what was held, everything else empty.
-    pub fn to_span(&self) -> Span {
+    pub fn to_span(&self, trace_id: TraceId) -> Span {
         Span {
-            trace_id: self.trace_id,
+            trace_id,
             span_id: self.span_id,
             parent_span_id: self.parent_span_id,
-            service: self.service.to_string(),
-            name: self.name.to_string(),
+            service: self.operation.service.to_string(),
+            name: self.operation.name.to_string(),
             kind: self.kind,
             start_unix_nano: self.start_unix_nano,
             end_unix_nano: self.end_unix_nano,
@@ -72,8 +82,8 @@ impl HeldSpan {
             scope: Scope::default(),
             events: Vec::new(),
             links: Vec::new(),
-            budget: self.budget_ms.map(|ms| Budget {
-                ms,
+            budget: (!self.budget_ms.is_nan()).then(|| Budget {
+                ms: self.budget_ms,
                 source: String::new(),
             }),
             warnings: Vec::new(),
@@ -110,7 +120,8 @@ fn value_bytes(value: &AttrValue) -> usize {
 /// The held traces.
 pub struct Recent {
     held: Mutex<Held>,
-    names: Mutex<HashSet<Arc<str>>>,
+    /// Operations by service, then span name.
+    operations: Mutex<Operations>,
     max_bytes: u64,
 }
 
@@ -137,61 +148,54 @@ impl Recent {
                 reservation: memory.empty(),
                 swept: Instant::now(),
             }),
-            names: Mutex::new(HashSet::new()),
+            operations: Mutex::new(Operations::default()),
             max_bytes: memory.pool() / POOL_SHARE_DIVISOR,
         })
     }
 
     /// The spans of a request in held form, before they are committed (they are `add`ed
     /// once they are).
-    pub fn project(&self, spans: &[Span]) -> Vec<HeldSpan> {
-        let mut names = lock(&self.names);
-        if names.len() > MAX_NAMES {
-            names.clear();
+    pub fn project(&self, spans: &[Span]) -> Vec<(TraceId, HeldSpan)> {
+        let mut operations = lock(&self.operations);
+        if operations.count > MAX_OPERATIONS {
+            *operations = Operations::default();
         }
-        let mut share = |text: &str| -> Arc<str> {
-            if let Some(name) = names.get(text) {
-                return name.clone();
-            }
-            let name: Arc<str> = Arc::from(text);
-            names.insert(name.clone());
-            name
-        };
         spans
             .iter()
-            .map(|span| HeldSpan {
-                trace_id: span.trace_id,
-                span_id: span.span_id,
-                parent_span_id: span.parent_span_id,
-                service: share(&span.service),
-                name: share(&span.name),
-                kind: span.kind,
-                status: span.status.code,
-                start_unix_nano: span.start_unix_nano,
-                end_unix_nano: span.end_unix_nano,
-                budget_ms: span.budget.as_ref().map(|b| b.ms),
-                attributes: span
-                    .attributes
-                    .iter()
-                    .filter_map(|(key, value)| {
-                        let index = ATTRIBUTES_READ.iter().position(|k| k == key)?;
-                        Some((index as u8, value.clone()))
-                    })
-                    .collect(),
+            .map(|span| {
+                let held = HeldSpan {
+                    span_id: span.span_id,
+                    parent_span_id: span.parent_span_id,
+                    operation: operations.share(&span.service, &span.name),
+                    kind: span.kind,
+                    status: span.status.code,
+                    start_unix_nano: span.start_unix_nano,
+                    end_unix_nano: span.end_unix_nano,
+                    budget_ms: span.budget.as_ref().map_or(f64::NAN, |b| b.ms),
+                    attributes: span
+                        .attributes
+                        .iter()
+                        .filter_map(|(key, value)| {
+                            let index = ATTRIBUTES_READ.iter().position(|k| k == key)?;
+                            Some((index as u8, value.clone()))
+                        })
+                        .collect(),
+                };
+                (span.trace_id, held)
             })
             .collect()
     }
 
     /// Holds committed spans. A trace that no longer fits is let go whole, and its later
     /// spans are not held either (its spans are then read from the store).
-    pub fn add(&self, spans: Vec<HeldSpan>) {
+    pub fn add(&self, spans: Vec<(TraceId, HeldSpan)>) {
         let now = Instant::now();
         let mut guard = lock(&self.held);
         let held = &mut *guard;
         let mut total = held.reservation.bytes();
-        for span in spans {
+        for (trace_id, span) in spans {
             let bytes = span.bytes();
-            let entry = held.traces.entry(span.trace_id).or_insert_with(|| {
+            let entry = held.traces.entry(trace_id).or_insert_with(|| {
                 total += TRACE_OVERHEAD;
                 HeldTrace {
                     spans: Vec::new(),
@@ -274,6 +278,34 @@ impl std::fmt::Debug for Recent {
             .field("bytes", &bytes)
             .field("max_bytes", &self.max_bytes)
             .finish()
+    }
+}
+
+#[derive(Default)]
+struct Operations {
+    by_service: HashMap<Box<str>, HashMap<Box<str>, Arc<Operation>>>,
+    count: usize,
+}
+
+impl Operations {
+    fn share(&mut self, service: &str, name: &str) -> Arc<Operation> {
+        if let Some(operation) = self
+            .by_service
+            .get(service)
+            .and_then(|names| names.get(name))
+        {
+            return operation.clone();
+        }
+        let operation = Arc::new(Operation {
+            service: service.into(),
+            name: name.into(),
+        });
+        self.by_service
+            .entry(service.into())
+            .or_default()
+            .insert(name.into(), operation.clone());
+        self.count += 1;
+        operation
     }
 }
 
@@ -410,6 +442,11 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
     }
 
     #[test]
+    fn a_held_span_is_72_bytes_inline() {
+        assert_eq!(std::mem::size_of::<HeldSpan>(), 72);
+    }
+
+    #[test]
     fn held_spans_give_the_same_summary_and_hop_samples() {
         let recent = Recent::new(&MemoryBudget::with_pool(400 * MIB));
         let traces = corpus();
@@ -420,11 +457,12 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         let ids: Vec<TraceId> = traces.iter().map(|spans| spans[0].trace_id).collect();
         let mut taken = recent.take(&ids);
         for spans in &traces {
+            let id = spans[0].trace_id;
             let held: Vec<Span> = taken
-                .remove(&spans[0].trace_id)
+                .remove(&id)
                 .expect("every trace was held")
                 .iter()
-                .map(HeldSpan::to_span)
+                .map(|span| span.to_span(id))
                 .collect();
             assert_eq!(held.len(), spans.len());
             assert_eq!(written(&held), written(spans));
@@ -441,7 +479,7 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         let (traces, bytes) = recent.held();
         assert_eq!(traces, 1);
         assert_eq!(memory.used(), bytes, "held bytes are in the budget");
-        // More spans of one trace than a quarter of the pool holds.
+        // More spans of one trace than a third of the pool holds.
         let big = crate::generate::large_trace(20_000);
         recent.add(recent.project(&big[..10_000]));
         recent.add(recent.project(&big[10_000..]));

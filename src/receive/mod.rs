@@ -22,6 +22,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use crate::ingest::{Admission, IngestError, Ingestor};
 use crate::memory::{MemoryBudget, REQUEST_BYTES_PER_BODY_BYTE, Reservation};
 use crate::metrics::Metrics;
+use crate::model::TraceId;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::recent::{HeldSpan, Recent};
 use crate::store::EncodedBatch;
@@ -218,7 +219,10 @@ impl BodyMemory {
 
 /// A request admitted and encoded by `Receiver::prepare`, for `Receiver::commit` (no batch
 /// when the request held no valid spans), and what its answer says of rejected spans.
-pub struct Prepared(Option<(Admission, EncodedBatch, Vec<HeldSpan>)>, Accepted);
+pub struct Prepared(
+    Option<(Admission, EncodedBatch, Vec<(TraceId, HeldSpan)>)>,
+    Accepted,
+);
 
 /// A request's CPU work before the writer: normalises and validates its spans and encodes
 /// the valid ones into rows, and projects them for `recent` when given. `warning` goes on
@@ -230,7 +234,7 @@ pub fn prepare(
     warning: Option<&'static str>,
     rejected: Vec<Rejection>,
     recent: Option<&Recent>,
-) -> (EncodedBatch, Vec<HeldSpan>, Accepted) {
+) -> (EncodedBatch, Vec<(TraceId, HeldSpan)>, Accepted) {
     let mut normalized = normalize(request, options, now_unix_nano);
     for (reason, which) in rejected {
         normalized.reject(reason, which);
