@@ -52,7 +52,7 @@ pub struct HeldSpan {
 
 /// A service and span name, held once for all of its spans.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Operation {
+struct Operation {
     service: Box<str>,
     name: Box<str>,
 }

@@ -347,12 +347,13 @@ pub fn now_unix_nano() -> i64 {
         .unwrap_or(0)
 }
 
+/// Rows of (trace id, number): marks, or counts (`decode_counts`).
 pub(crate) fn decode_marks(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<(TraceId, i64)>, StoreError> {
     rows.into_iter()
         .map(|(id, mark)| {
             TraceId::from_bytes(&id)
                 .map(|id| (id, mark))
-                .map_err(|e| StoreError::Corrupt(format!("dirty trace id {e}")))
+                .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))
         })
         .collect()
 }
@@ -505,13 +506,10 @@ pub(crate) fn decode_rows(rows: Vec<StoredRow>) -> Result<Vec<Span>, StoreError>
 pub(crate) fn decode_counts(
     rows: Vec<(Vec<u8>, i64)>,
 ) -> Result<HashMap<TraceId, u64>, StoreError> {
-    rows.into_iter()
-        .map(|(id, count)| {
-            let id = TraceId::from_bytes(&id)
-                .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
-            Ok((id, count.max(0) as u64))
-        })
-        .collect()
+    Ok(decode_marks(rows)?
+        .into_iter()
+        .map(|(id, count)| (id, count.max(0) as u64))
+        .collect())
 }
 
 pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
