@@ -315,3 +315,68 @@ fn serve_on_a_port_in_use_fails_naming_the_flag_and_leaves_no_database_behind() 
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "files left behind: {left:?}");
 }
+
+/// docker-compose.yml and the Dockerfile, checked without a Docker engine: every setting
+/// they give budgetscope is one `serve --help` documents, each server reaches the
+/// database service the file defines and waits for it, and no two publish the same port.
+#[test]
+fn docker_compose_runs_servers_on_its_own_postgres_with_documented_settings() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(format!("{root}/docker-compose.yml")).unwrap();
+    let compose: serde_json::Value = serde_saphyr::from_str(&text).expect("valid YAML");
+    let (_, help, _) = run(&["serve", "--help"]);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let services = compose["services"].as_object().expect("services");
+    let servers: Vec<_> = services
+        .iter()
+        .filter(|(_, s)| s["build"].is_string())
+        .collect();
+    assert!(servers.len() >= 2, "several servers on one database");
+    let mut published = std::collections::HashSet::new();
+    for (name, server) in &servers {
+        let context = server["build"].as_str().unwrap();
+        assert!(
+            std::path::Path::new(&format!("{root}/{context}/Dockerfile")).exists(),
+            "{name}"
+        );
+        assert_eq!(server["command"], serde_json::json!(["serve"]), "{name}");
+        for (key, _) in server["environment"].as_object().unwrap() {
+            assert!(
+                key == "RUST_LOG" || help.contains(&format!("[env: {key}=")),
+                "{name}: {key} is not a documented setting"
+            );
+        }
+        let db = server["environment"]["BUDGETSCOPE_DB"].as_str().unwrap();
+        let host = db
+            .strip_prefix("postgres://")
+            .and_then(|rest| rest.split('@').nth(1))
+            .and_then(|rest| rest.split(':').next())
+            .unwrap_or_else(|| panic!("{name}: {db}"));
+        assert!(services.contains_key(host), "{name}: no service {host}");
+        assert_eq!(
+            server["depends_on"][host]["condition"], "service_healthy",
+            "{name} waits for the database"
+        );
+        for port in server["ports"].as_array().unwrap() {
+            let port = port.as_str().unwrap();
+            assert!(port.starts_with("127.0.0.1:"), "{name}: {port} on loopback");
+            let host_port = port.split(':').nth(1).unwrap().to_string();
+            assert!(
+                published.insert(host_port),
+                "{name}: {port} published twice"
+            );
+        }
+    }
+    assert!(services.values().any(|s| s["healthcheck"].is_object()));
+    let dockerfile = std::fs::read_to_string(format!("{root}/Dockerfile")).unwrap();
+    for key in dockerfile
+        .split_whitespace()
+        .filter_map(|word| word.split_once('=').map(|(k, _)| k))
+        .filter(|k| k.starts_with("BUDGETSCOPE_"))
+    {
+        assert!(
+            help.contains(&format!("[env: {key}=")),
+            "Dockerfile: {key} is not a documented setting"
+        );
+    }
+}
