@@ -14,6 +14,7 @@ pub mod export;
 pub mod generate;
 pub mod indexer;
 pub mod ingest;
+pub mod lease;
 pub mod listen;
 pub mod memory;
 pub mod metrics;

@@ -19,6 +19,7 @@ use crate::analyze::AnalyzeOptions;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor};
+use crate::lease::Lease;
 use crate::listen::{self, Limits};
 use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
@@ -46,9 +47,11 @@ pub struct RunningServer {
     stop_accepting: CancellationToken,
     stop_background: CancellationToken,
     listeners: Vec<JoinHandle<()>>,
-    /// Retention and the background analyzer.
+    /// Retention, the background analyzer, the alerter and the lease's renewals.
     background: Vec<JoinHandle<()>>,
     ingestor: Arc<Ingestor>,
+    /// The lease on retention and alerts, given up once they have stopped.
+    lease: Arc<Lease>,
 }
 
 pub fn ingest_options(db: &DbUrl, max_queued_spans: usize) -> IngestOptions {
@@ -139,10 +142,14 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         stop_accepting.clone(),
         "otlp http",
     );
+    // Asked for before the work it guards starts, so a lone server does it at once.
+    let lease = Arc::new(Lease::new("background", Lease::holder_name(http_addr)));
+    lease.renew(store.as_ref()).await;
     let status = Monitor::new(
         store.clone(),
         metrics.clone(),
         Some(ingestor.clone()),
+        Some(lease.clone()),
         config.quiet_period,
     );
     let http = listen::serve(
@@ -173,9 +180,14 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         },
     };
     let background = vec![
+        tokio::spawn({
+            let (lease, store, stop) = (lease.clone(), store.clone(), stop_background.clone());
+            async move { lease.run(store.as_ref(), stop).await }
+        }),
         tokio::spawn(retention_loop(
             store.clone(),
             config.retention,
+            lease.clone(),
             stop_background.clone(),
         )),
         tokio::spawn(indexer::run(
@@ -198,6 +210,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             rules.clone(),
             alerter_options.clone(),
             metrics.clone(),
+            lease.clone(),
             stop_background.clone(),
         )),
         tokio::spawn(alerter::deliver(
@@ -205,6 +218,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             rules.clone(),
             alerter_options,
             DELIVERY_POLL,
+            lease.clone(),
             stop_background.clone(),
         )),
     ];
@@ -223,6 +237,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         listeners: vec![grpc, otlp_http, http],
         background,
         ingestor,
+        lease,
     })
 }
 
@@ -238,12 +253,19 @@ impl RunningServer {
         for task in self.background {
             let _ = task.await;
         }
+        self.lease.release(self.store.as_ref()).await;
         tracing::info!("budgetscope stopped; every acknowledged span is committed");
     }
 }
 
-/// Deletes spans older than `retention` in bounded batches, every minute or so.
-async fn retention_loop(store: Arc<dyn Store>, retention: Duration, stop: CancellationToken) {
+/// Deletes spans older than `retention` in bounded batches, every minute or so, while this
+/// server holds the lease.
+async fn retention_loop(
+    store: Arc<dyn Store>,
+    retention: Duration,
+    lease: Arc<Lease>,
+    stop: CancellationToken,
+) {
     let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
     loop {
         let cutoff = SystemTime::now()
@@ -255,6 +277,9 @@ async fn retention_loop(store: Arc<dyn Store>, retention: Duration, stop: Cancel
         loop {
             if stop.is_cancelled() {
                 return;
+            }
+            if !lease.held() {
+                break;
             }
             match store.delete_before(cutoff, RETENTION_BATCH).await {
                 Ok(n) => {
@@ -274,7 +299,9 @@ async fn retention_loop(store: Arc<dyn Store>, retention: Duration, stop: Cancel
         if deleted > 0 {
             tracing::info!(deleted, "retention removed old spans");
         }
-        if let Err(error) = store.delete_alerts_before(cutoff).await {
+        if lease.held()
+            && let Err(error) = store.delete_alerts_before(cutoff).await
+        {
             tracing::warn!(%error, "removing old alert history failed; will try again");
         }
         tokio::select! {

@@ -15,6 +15,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::ingest::Ingestor;
+use crate::lease::Lease;
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, now_unix_nano};
 
@@ -53,6 +54,9 @@ pub struct Status {
     pub ingest_queue_spans: u64,
     /// `analysis_lag_s` is past a minute.
     pub behind: bool,
+    /// This server holds the lease on the work one server does at a time (retention, alert
+    /// evaluation and delivery): with several servers on one database, one of them does.
+    pub holds_lease: bool,
     /// When this was measured, unix milliseconds.
     pub measured_unix_ms: u64,
 }
@@ -62,6 +66,7 @@ pub struct Monitor {
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     ingest: Option<Arc<Ingestor>>,
+    lease: Option<Arc<Lease>>,
     quiet_period: Duration,
     state: Mutex<State>,
 }
@@ -83,12 +88,14 @@ impl Monitor {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         ingest: Option<Arc<Ingestor>>,
+        lease: Option<Arc<Lease>>,
         quiet_period: Duration,
     ) -> Arc<Monitor> {
         Arc::new(Monitor {
             store,
             metrics,
             ingest,
+            lease,
             quiet_period,
             state: Mutex::default(),
         })
@@ -159,6 +166,7 @@ impl Monitor {
             analyzed_traces_per_s: round(rate),
             ingest_queue_spans: self.ingest.as_ref().map_or(0, |i| i.queued_spans()),
             behind: lag > BEHIND.as_secs_f64(),
+            holds_lease: self.lease.as_ref().is_some_and(|lease| lease.held()),
             measured_unix_ms: wall / 1_000_000,
         };
         state.last = Some(status.clone());

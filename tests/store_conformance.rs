@@ -5,6 +5,9 @@ mod common;
 
 use std::sync::Arc;
 
+use budgetscope::analyze::hops::{HopSample, samples};
+use budgetscope::analyze::summary::{TraceSummary, summarize};
+use budgetscope::analyze::{AnalyzeOptions, analyze};
 use budgetscope::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
@@ -535,6 +538,168 @@ fn summary_of(
     }
 }
 
+/// Commits span `span` of trace `trace` for each pair and returns the marks of those
+/// traces, as the analyzer takes them.
+async fn marked(store: &dyn Store, spans: &[(u8, u8)]) -> Vec<(TraceId, i64)> {
+    let batch: Vec<Span> = spans
+        .iter()
+        .map(|(trace, id)| span(*trace, *id, None, "edge", "GET /", 1_000))
+        .collect();
+    store.write_spans(&batch).await.unwrap();
+    store
+        .quiet_traces(u64::MAX, 1_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(id, _)| spans.iter().any(|(trace, _)| id.0 == [*trace; 16]))
+        .collect()
+}
+
+/// A real two-hop trace (edge calls billing), its summary and hop samples.
+fn analysed_trace(trace: u8) -> (Vec<Span>, (TraceSummary, Vec<HopSample>)) {
+    let mut root = span(trace, 1, None, "edge", "GET /", 60_000_000_000);
+    root.end_unix_nano = root.start_unix_nano + 50_000_000;
+    let mut child = span(
+        trace,
+        2,
+        Some(1),
+        "billing",
+        "charge",
+        root.start_unix_nano + 1_000_000,
+    );
+    child.end_unix_nano = child.start_unix_nano + 20_000_000;
+    for (span, ms) in [(&mut root, 100.0), (&mut child, 90.0)] {
+        span.budget = Some(Budget {
+            ms,
+            source: "deadline.remaining_ms".into(),
+        });
+    }
+    let spans = vec![root, child];
+    let analysis = analyze(&spans, &AnalyzeOptions::default());
+    let summary = summarize(&spans, &analysis).expect("a trace with a root");
+    let hops = samples(&spans, &analysis);
+    (spans, (summary, hops))
+}
+
+/// Requests counted in the hop rollups of every minute.
+async fn rollup_requests(store: &dyn Store) -> i64 {
+    store
+        .hop_rollups(0, 3_600_000_000_000, None, None, false)
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.rollup.requests)
+        .sum()
+}
+
+/// A trace analysed twice from the same marks (two servers took it, or a claim ran out) is
+/// written once: the second write finds its marks gone and leaves the summary and the hop
+/// counts as they are. A span that arrives later brings it back for one more analysis,
+/// which replaces its counts.
+#[tokio::test]
+async fn a_trace_written_twice_from_the_same_marks_counts_once() {
+    on_every_store(|store, backend| async move {
+        let (spans, analysed) = analysed_trace(7);
+        let hops = analysed.1.len() as i64;
+        assert!(hops > 0, "{backend}: the trace has hops");
+        store.write_spans(&spans).await.unwrap();
+        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        assert_eq!(marks.len(), 1, "{backend}");
+        let (first, second) = tokio::join!(
+            store.write_summaries(std::slice::from_ref(&analysed), &marks),
+            store.write_summaries(std::slice::from_ref(&analysed), &marks),
+        );
+        let (first, second) = (first.unwrap(), second.unwrap());
+        assert!(
+            first.is_empty() != second.is_empty(),
+            "{backend}: one write counted the trace, the other nothing"
+        );
+        assert_eq!(rollup_requests(store.as_ref()).await, hops, "{backend}");
+        assert_eq!(store.analysis_backlog().await.unwrap().0, 0, "{backend}");
+
+        // A late span of the same trace: analysed again, counted once still.
+        let mut late = spans[1].clone();
+        late.span_id = SpanId([3; 8]);
+        store.write_spans(&[late]).await.unwrap();
+        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        assert_eq!(marks.len(), 1, "{backend}: the late span marked the trace");
+        store
+            .write_summaries(std::slice::from_ref(&analysed), &marks)
+            .await
+            .unwrap();
+        assert_eq!(rollup_requests(store.as_ref()).await, hops, "{backend}");
+    })
+    .await;
+}
+
+/// Several servers on one Postgres database: a quiet trace one server took is passed over
+/// by the others until it is written or a span arrives, and the server that took it can
+/// take it again (a pass that failed).
+#[tokio::test]
+async fn postgres_servers_on_one_database_pass_over_each_others_traces() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let one = store::open(&db.url).await.unwrap();
+    let two = store::open(&db.url).await.unwrap();
+    let (spans, analysed) = analysed_trace(8);
+    one.write_spans(&spans).await.unwrap();
+    let taken = one.quiet_traces(u64::MAX, 10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert!(two.quiet_traces(u64::MAX, 10).await.unwrap().is_empty());
+    assert_eq!(one.quiet_traces(u64::MAX, 10).await.unwrap(), taken);
+    // A new span frees the trace for whichever server takes it next.
+    let mut late = spans[1].clone();
+    late.span_id = SpanId([3; 8]);
+    two.write_spans(&[late]).await.unwrap();
+    let retaken = two.quiet_traces(u64::MAX, 10).await.unwrap();
+    assert_eq!(retaken.len(), 1);
+    assert!(one.quiet_traces(u64::MAX, 10).await.unwrap().is_empty());
+    // The first server's marks are stale: its write counts nothing.
+    assert!(
+        one.write_summaries(std::slice::from_ref(&analysed), &taken)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    two.write_summaries(std::slice::from_ref(&analysed), &retaken)
+        .await
+        .unwrap();
+    assert_eq!(rollup_requests(one.as_ref()).await, analysed.1.len() as i64);
+    assert_eq!(two.analysis_backlog().await.unwrap().0, 0);
+}
+
+/// The lease on work one server does at a time: held by one holder until it expires or is
+/// given up, renewed by its holder, taken by another only after that.
+#[tokio::test]
+async fn a_lease_has_one_holder_until_it_expires_or_is_given_up() {
+    on_every_store(|store, backend| async move {
+        let hold = |holder: &'static str, now: u64| {
+            let store = store.clone();
+            async move {
+                store
+                    .hold_lease("work", holder, now, now + 10)
+                    .await
+                    .unwrap()
+            }
+        };
+        assert!(hold("a", 100).await, "{backend}: a free lease is taken");
+        assert!(!hold("b", 105).await, "{backend}: held by a until 110");
+        assert!(hold("a", 108).await, "{backend}: a renews it, until 118");
+        assert!(!hold("b", 115).await, "{backend}: still a's");
+        assert!(hold("b", 119).await, "{backend}: expired, b takes it");
+        assert!(!hold("a", 120).await, "{backend}: now b's");
+        store.release_lease("work", "a").await.unwrap();
+        assert!(
+            !hold("a", 121).await,
+            "{backend}: only the holder gives it up"
+        );
+        store.release_lease("work", "b").await.unwrap();
+        assert!(hold("a", 122).await, "{backend}: given up, taken at once");
+    })
+    .await;
+}
+
 /// A re-analysed trace's index terms are replaced, not added to; retention deletes the
 /// terms of the summaries it deletes and keeps the others'.
 #[tokio::test]
@@ -559,14 +724,14 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
                 .await
             }
         };
-        let (a, b) = (TraceId([1; 16]), TraceId([2; 16]));
+        let marks = marked(store.as_ref(), &[(1, 1), (2, 1)]).await;
         store
             .write_summaries(
                 &[
                     summary(1, 1_000, &["billing", "edge"]),
                     summary(2, 9_000, &["edge"]),
                 ],
-                &[(a, 1), (b, 1)],
+                &marks,
             )
             .await
             .unwrap();
@@ -584,8 +749,9 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
             db.backend
         );
         // A late span: billing is gone and the trace starts earlier.
+        let marks = marked(store.as_ref(), &[(1, 2)]).await;
         store
-            .write_summaries(&[summary(1, 500, &["edge"])], &[(a, 2)])
+            .write_summaries(&[summary(1, 500, &["edge"])], &marks)
             .await
             .unwrap();
         let edge_only = |at: &str| {

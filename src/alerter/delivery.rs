@@ -11,6 +11,7 @@ use crate::alerts::eval::{self, Change, Instance, State};
 use crate::alerts::notify::{self, Context, Notification};
 use crate::alerts::rules::{ReceiverConfig, ReceiverKind, Rule, RuleSet};
 use crate::alerts::silence::silenced_by;
+use crate::lease::Lease;
 use crate::store::Store;
 
 /// Delivery attempts before a notification is given up (and logged as failed).
@@ -184,12 +185,14 @@ pub async fn resend_firing(store: &dyn Store, rules: &RuleSet, options: &Alerter
     }
 }
 
-/// Delivers queued notifications until `stop`, polling every `poll`.
+/// Delivers queued notifications until `stop`, polling every `poll` while this server
+/// holds `lease`.
 pub async fn deliver(
     store: Arc<dyn Store>,
     rules: Arc<RuleBook>,
     options: AlerterOptions,
     poll: Duration,
+    lease: Arc<Lease>,
     stop: CancellationToken,
 ) {
     let client = match reqwest::Client::builder().timeout(SEND_TIMEOUT).build() {
@@ -200,11 +203,18 @@ pub async fn deliver(
         }
     };
     loop {
-        match store.due_notifications(now_unix_nano(), 100).await {
+        let due = match lease.held() {
+            true => store.due_notifications(now_unix_nano(), 100).await,
+            false => Ok(Vec::new()),
+        };
+        match due {
             Ok(due) => {
                 for notification in due {
                     if stop.is_cancelled() {
                         return;
+                    }
+                    if !lease.held() {
+                        break;
                     }
                     let set = rules.current();
                     let receiver = set

@@ -24,6 +24,7 @@ use crate::alerts::notify::{self, Context, ExampleTrace, Notification, SpentCall
 use crate::alerts::rules::{Rule, RuleSet};
 use crate::alerts::silence::{Silence, silenced_by};
 use crate::analyze::hops::Rollup;
+use crate::lease::Lease;
 use crate::store::alerts::AlertWrite;
 use crate::store::query::TraceQuery;
 use crate::store::{Store, StoreError};
@@ -484,12 +485,14 @@ pub async fn backtest(
     Ok((result, selected))
 }
 
-/// Evaluates every `interval` until `stop`.
+/// Evaluates every `interval` until `stop`, while this server holds `lease`; the stored
+/// rules are read on every server (the UI shows them).
 pub async fn run(
     store: Arc<dyn Store>,
     rules: Arc<RuleBook>,
     options: AlerterOptions,
     metrics: Arc<crate::metrics::Metrics>,
+    lease: Arc<Lease>,
     stop: CancellationToken,
 ) {
     loop {
@@ -497,7 +500,7 @@ pub async fn run(
             tracing::warn!(%error, "reading the stored alert rules failed; using the last ones read");
         }
         let set = rules.current();
-        if !set.rules.is_empty() {
+        if !set.rules.is_empty() && lease.held() {
             match evaluate_once(store.as_ref(), &set, &options, now_unix_nano()).await {
                 Ok(report) => {
                     metrics.alert_evaluations.inc();

@@ -6,6 +6,7 @@
 //! copy stored wins, so exporter retries never duplicate a span.
 
 pub mod alerts;
+mod leases;
 pub mod postgres;
 pub mod query;
 pub mod rollup;
@@ -115,15 +116,20 @@ pub trait Store: AlertStore + Send + Sync + 'static {
     /// Up to `limit` traces whose last spans were committed before `received_before`,
     /// oldest first, each with the commit time of every mark it holds (pass them back to
     /// `write_summaries`): a trace marked by several commits may appear more than once.
+    /// On Postgres the traces returned are claimed for `CLAIM`: other servers sharing the
+    /// database pass them over until they are written, a span arrives, or the claim ends
+    /// (a SQLite database has one server).
     async fn quiet_traces(
         &self,
         received_before: u64,
         limit: u32,
     ) -> Result<Vec<(TraceId, i64)>, StoreError>;
 
-    /// Upserts summaries, replaces each trace's contribution to the hop rollups, and clears
-    /// each analysed trace's mark unless a span arrived since (its mark changed), in which
-    /// case the trace will be analysed again. One transaction.
+    /// Clears the `analysed` marks that are still there and writes the summaries of the
+    /// traces whose marks it cleared (and of traces given without marks), each replacing
+    /// the trace's earlier contribution to the hop rollups. A trace whose mark is gone
+    /// (another server wrote it) or changed (a span arrived since) is not written; a changed
+    /// mark brings it back for another analysis. One transaction.
     /// Returns the per-minute rollup changes it made.
     async fn write_summaries(
         &self,
@@ -145,7 +151,25 @@ pub trait Store: AlertStore + Send + Sync + 'static {
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;
+
+    /// Takes or renews the lease `name` for `holder` until `until` (unix nanoseconds) when
+    /// it is free, expired at `now`, or `holder`'s already; returns whether `holder` holds it.
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: u64,
+        until: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives up the lease `name` if `holder` holds it, so another server can take it at once.
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError>;
 }
+
+/// How long a trace one server's analyzer took is passed over by the others
+/// (`quiet_traces`): far longer than a pass takes, and all a server's death delays its
+/// traces by.
+pub const CLAIM: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Opens the store a database URL names and brings its schema up to date.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {

@@ -18,12 +18,13 @@ use super::{
 use futures_util::TryStreamExt as _;
 use sqlx::Postgres;
 
+use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
 use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
 use super::summaries::{Dialect, delete_summaries_before, write_summaries};
-use super::{decode_counts, decode_marks, now_unix_nano, rollup_ranges};
+use super::{CLAIM, decode_counts, decode_marks, now_unix_nano, rollup_ranges};
 use crate::analyze::hops::HopSample;
 use crate::analyze::hops::Rollup;
 use crate::analyze::summary::TraceSummary;
@@ -45,10 +46,13 @@ const UPSERT_OPERATIONS: &str = "INSERT INTO operations (service, name, kind, la
 /// Traces are sorted, so concurrent writers lock their marks in one order (no deadlock).
 const MARK_DIRTY: &str = "INSERT INTO dirty_traces (trace_id, received_unix_nano) \
      SELECT t, $2 FROM UNNEST($1::bytea[]) AS t \
-     ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano";
+     ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano, \
+     claimed_until = 0";
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// Names this store's claims on traces (`quiet_traces`): it takes its own back at once.
+    claimant: i64,
     /// Summaries written by this process, and the count at which statistics are next
     /// refreshed (see `refresh_statistics`).
     summaries_written: std::sync::atomic::AtomicU64,
@@ -107,6 +111,7 @@ impl PostgresStore {
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
         Ok(PostgresStore {
+            claimant: rand::random(),
             pool,
             summaries_written: 0.into(),
             next_analyze_at: FIRST_ANALYZE_AT.into(),
@@ -425,12 +430,22 @@ impl Store for PostgresStore {
         received_before: u64,
         limit: u32,
     ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        // Claimed in one statement; a row another server is claiming is skipped, not
+        // waited for. This store's own claims are taken again (a pass that failed).
+        let now = now_unix_nano();
         let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
-            "SELECT trace_id, received_unix_nano FROM dirty_traces \
-             WHERE received_unix_nano < $1 ORDER BY received_unix_nano LIMIT $2",
+            "UPDATE dirty_traces d SET claimed_until = $3, claimed_by = $5 \
+             FROM (SELECT trace_id FROM dirty_traces \
+                   WHERE received_unix_nano < $1 AND (claimed_until < $4 OR claimed_by = $5) \
+                   ORDER BY received_unix_nano LIMIT $2 FOR UPDATE SKIP LOCKED) q \
+             WHERE d.trace_id = q.trace_id \
+             RETURNING d.trace_id, d.received_unix_nano",
         )
         .bind(i64::try_from(received_before).unwrap_or(i64::MAX))
         .bind(i64::from(limit))
+        .bind(now.saturating_add(CLAIM.as_nanos() as i64))
+        .bind(now)
+        .bind(self.claimant)
         .fetch_all(&self.pool)
         .await?;
         decode_marks(rows)
@@ -506,6 +521,22 @@ impl Store for PostgresStore {
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
+    }
+
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: u64,
+        until: u64,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        leases::hold::<Postgres>(&mut conn, name, holder, now, until).await
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        leases::release::<Postgres>(&mut conn, name, holder).await
     }
 }
 

@@ -14,6 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
+use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
@@ -733,6 +734,26 @@ impl Store for SqliteStore {
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
+    }
+
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: u64,
+        until: u64,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let held = leases::hold::<Sqlite>(&mut conn, name, holder, now, until).await?;
+        conn.keep();
+        Ok(held)
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        leases::release::<Sqlite>(&mut conn, name, holder).await?;
+        conn.keep();
+        Ok(())
     }
 }
 

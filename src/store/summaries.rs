@@ -2,7 +2,7 @@
 //! once for both stores: summaries (each with its trace's hop samples), index terms, the
 //! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
@@ -26,8 +26,8 @@ pub(crate) struct Dialect {
     pub rollup_lock: &'static str,
 }
 
-/// Writes `traces` (each summary with its hop samples) and clears the marks in `analysed`
-/// (trace, mark) on `conn`, inside the caller's transaction. Each trace's hops replace
+/// Clears the marks in `analysed` (trace, mark) and writes `traces` (each summary with its
+/// hop samples) on `conn`, inside the caller's transaction. Each trace's hops replace
 /// what the trace contributed before (a late span). Returns the per-minute rollup deltas.
 pub(crate) async fn write_summaries<DB: Database>(
     conn: &mut DB::Connection,
@@ -40,6 +40,7 @@ where
     DB::Arguments: IntoArguments<DB>,
     for<'r> StoredRollup: FromRow<'r, DB::Row>,
     for<'r> (String,): FromRow<'r, DB::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     String: for<'t> Encode<'t, DB> + Type<DB>,
     Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
@@ -47,10 +48,45 @@ where
     f64: for<'t> Encode<'t, DB> + Type<DB>,
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
+    // Marks are cleared first, and a trace given with marks is written only if this
+    // transaction cleared one of them: of two servers that analysed the same trace, the
+    // second finds its marks gone and writes nothing, and a trace whose mark a late span
+    // replaced waits for its next analysis.
+    let mut cleared: HashSet<TraceId> = HashSet::new();
+    for chunk in analysed.chunks(CHUNK) {
+        // The list of times lets SQLite find the marks by its key's first column; on the
+        // pairs alone it scans the whole table.
+        let mut clear = QueryBuilder::<DB>::new(format!(
+            "DELETE FROM {} WHERE received_unix_nano IN ",
+            dialect.marks
+        ));
+        push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
+        clear.push(" AND (received_unix_nano, trace_id) IN (");
+        clear.push_values(chunk, |mut b, (id, mark)| {
+            b.push_bind(*mark).push_bind(id.0.to_vec());
+        });
+        clear.push(") RETURNING trace_id");
+        let ids: Vec<(Vec<u8>,)> = clear.build_query_as().fetch_all(&mut *conn).await?;
+        for (id,) in ids {
+            cleared.insert(
+                TraceId::from_bytes(&id)
+                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
+            );
+        }
+    }
+    let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
+    let traces: Vec<&(TraceSummary, Vec<HopSample>)> = traces
+        .iter()
+        .filter(|(summary, _)| {
+            cleared.contains(&summary.trace_id) || !marked.contains(&summary.trace_id)
+        })
+        .collect();
+    let mut cleared: Vec<TraceId> = cleared.into_iter().collect();
+    cleared.sort_unstable();
     // What each trace contributed before (a late span) comes back out; its terms go.
     let mut deltas = BTreeMap::new();
-    for chunk in analysed.chunks(CHUNK) {
-        let ids = || chunk.iter().map(|(id, _)| id.0.to_vec());
+    for chunk in cleared.chunks(CHUNK) {
+        let ids = || chunk.iter().map(|id| id.0.to_vec());
         let mut old =
             QueryBuilder::<DB>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
         push_list(&mut old, ids());
@@ -75,7 +111,7 @@ where
             .execute(&mut *conn)
             .await?;
     }
-    for (_, hops) in traces {
+    for (_, hops) in &traces {
         add_samples(&mut deltas, hops, 1);
     }
     let new_terms: Vec<(String, i64, Vec<u8>)> = traces
@@ -102,21 +138,6 @@ where
     let (chunk, lock) = (dialect.rollup_chunk, dialect.rollup_lock);
     apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk, lock).await?;
     apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk, lock).await?;
-    for chunk in analysed.chunks(CHUNK) {
-        // A mark a late span replaced stays. The list of times lets SQLite find the marks
-        // by its key's first column; on the pairs alone it scans the whole table.
-        let mut clear = QueryBuilder::<DB>::new(format!(
-            "DELETE FROM {} WHERE received_unix_nano IN ",
-            dialect.marks
-        ));
-        push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
-        clear.push(" AND (received_unix_nano, trace_id) IN (");
-        clear.push_values(chunk, |mut b, (id, mark)| {
-            b.push_bind(*mark).push_bind(id.0.to_vec());
-        });
-        clear.push(")");
-        clear.build().execute(&mut *conn).await?;
-    }
     Ok(minutes)
 }
 
