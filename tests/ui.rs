@@ -23,12 +23,55 @@ struct Page {
     body: String,
 }
 
+/// A page through the router, checked as every response is: security headers, and in
+/// HTML no inline style or script, which the Content-Security-Policy would refuse.
 async fn get(state: &AppState, uri: &str) -> Page {
     let (status, headers, body) = oneshot(state, uri).await;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let policy = header("content-security-policy");
+    assert!(
+        policy.contains("default-src 'none'")
+            && policy.contains("script-src 'self';")
+            && policy.contains("style-src 'self';")
+            && policy.contains("frame-ancestors 'none'"),
+        "{uri}: {policy:?}"
+    );
+    assert_eq!(header("x-content-type-options"), "nosniff", "{uri}");
+    assert_eq!(header("x-frame-options"), "DENY", "{uri}");
+    assert_eq!(header("referrer-policy"), "same-origin", "{uri}");
+    if header("content-type").starts_with("text/html") {
+        assert_no_inline_style_or_script(uri, &body);
+    }
     Page {
         status,
         headers,
         body,
+    }
+}
+
+fn assert_no_inline_style_or_script(uri: &str, body: &str) {
+    assert!(!body.contains(" style="), "{uri}: an inline style");
+    assert!(!body.contains("<style"), "{uri}: a style element");
+    for (at, _) in body.match_indices("<script") {
+        assert!(
+            body[at..].starts_with("<script src="),
+            "{uri}: an inline script"
+        );
+    }
+    for (at, _) in body.match_indices(" on") {
+        let name: String = body[at + 3..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase())
+            .collect();
+        assert!(
+            name.is_empty() || !body[at + 3 + name.len()..].starts_with("=\""),
+            "{uri}: an event handler attribute on{name}"
+        );
     }
 }
 
@@ -165,7 +208,7 @@ async fn every_page_shows_the_budget_story() {
         assert!(
             trace
                 .body
-                .contains(r#"<span style="left: 100.000%">1.54 s</span>"#),
+                .contains(r#"<span class="g-l1000">1.54 s</span>"#),
             "{backend}: the axis stops short:\n{}",
             &trace.body[trace.body.find("ticks").unwrap_or(0)..][..400]
         );
@@ -185,11 +228,11 @@ async fn every_page_shows_the_budget_story() {
             "{backend}: the origin row is marked, once"
         );
         assert!(
-            trace.body.contains("style=\"--dl: "),
+            trace.body.contains(r#"<div class="waterfall g-d"#),
             "request deadline line"
         );
         assert!(
-            trace.body.contains(r#"class="bar over""#),
+            trace.body.contains(r#"class="bar over g-l"#),
             "past-deadline part"
         );
         assert!(trace.body.contains("Show raw times"));
@@ -377,6 +420,20 @@ async fn errors_are_friendly_pages_that_say_what_to_do() {
     let api = get(&state, "/api/nowhere").await;
     assert_eq!(api.status, StatusCode::NOT_FOUND);
     assert!(api.body.starts_with(r#"{"error":"#), "{}", api.body);
+    // The alert pages and forms, checked by `get` like every page here.
+    for uri in ["/alerts", "/alerts/rules/new", "/help/budget-semantics"] {
+        assert_eq!(get(&state, uri).await.status, StatusCode::OK, "{uri}");
+    }
+    // Bars are placed by classes, in steps of 0.1 %, and rows indented by depth.
+    let geometry = get(&state, "/static/geometry.css").await;
+    for rule in [
+        ".g-l1000{left:100.0%}",
+        ".g-w15{width:1.5%}",
+        ".g-d0{--dl:0.0%}",
+        ".g-i40{padding-left:560px}",
+    ] {
+        assert!(geometry.body.contains(rule), "{rule}");
+    }
     let css = get(&state, "/static/app.css").await;
     assert_eq!(css.headers[header::CONTENT_TYPE], "text/css; charset=utf-8");
     assert_eq!(

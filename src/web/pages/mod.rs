@@ -128,6 +128,18 @@ pub async fn not_found(uri: axum::http::Uri) -> PageError {
 
 /// Percent-encodes one URL component (path segment or query value); the same encoding
 /// notifications use for their links.
+/// A share of a bar's width (0–100 %) in tenths of a percent, clamped: the `g-l`, `g-w`
+/// and `g-d` classes of `/static/geometry.css` (`assets.rs`) place bars and marks by it.
+pub fn permille(percent: f64) -> u16 {
+    (percent.clamp(0.0, 100.0) * 10.0).round() as u16
+}
+
+/// The largest `permille`.
+pub const PERMILLE: u16 = 1000;
+
+/// Waterfall rows are indented one step per depth up to this (`g-i` classes).
+pub const MAX_INDENT: usize = 40;
+
 pub fn enc(text: &str) -> String {
     crate::alerts::notify::path_component(text)
 }

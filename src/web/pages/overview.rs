@@ -11,7 +11,7 @@ use axum::response::Response;
 
 use super::{
     Badge, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent, hop_href,
-    html, query_string,
+    html, permille, query_string,
 };
 use crate::analyze::hops::Rollup;
 use crate::status::Status;
@@ -66,8 +66,8 @@ pub struct Origin {
     /// Search for the exceeded traces that ran out here.
     pub traces_href: String,
     pub count: i64,
-    /// Width of the bar, 0–100.
-    pub bar: f64,
+    /// Width of the bar (`permille`).
+    pub bar: u16,
 }
 
 pub struct Burner {
@@ -76,8 +76,8 @@ pub struct Burner {
     pub href: String,
     pub burn_p95: String,
     pub self_p95: String,
-    /// Width of the bar, 0–100.
-    pub bar: f64,
+    /// Width of the bar (`permille`).
+    pub bar: u16,
     pub requests: i64,
 }
 
@@ -262,7 +262,7 @@ pub fn build(
             href: hop_href(service, operation, &range_query),
             burn_p95: fmt_percent(Some(burn)),
             self_p95: fmt_opt_duration(r.self_ms.quantile(0.95)),
-            bar: (burn / top * 100.0).clamp(1.0, 100.0),
+            bar: permille((burn / top * 100.0).clamp(1.0, 100.0)),
             requests: r.requests,
         })
         .collect();
@@ -285,7 +285,7 @@ pub fn build(
             traces_href: range
                 .search_href(&[("origin_service", service), ("origin_operation", operation)]),
             count,
-            bar: (count as f64 / most * 100.0).clamp(1.0, 100.0),
+            bar: permille((count as f64 / most * 100.0).clamp(1.0, 100.0)),
         })
         .collect();
 

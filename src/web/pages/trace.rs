@@ -16,8 +16,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{
-    Badge, PageError, enc, fmt_duration, fmt_opt_duration, fmt_percent, fmt_time, hop_href, html,
-    query_string,
+    Badge, MAX_INDENT, PageError, enc, fmt_duration, fmt_opt_duration, fmt_percent, fmt_time,
+    hop_href, html, permille, query_string,
 };
 use crate::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
 use crate::codec;
@@ -31,6 +31,7 @@ pub const COLLAPSE_ABOVE: usize = 200;
 pub struct WfRow {
     pub id: String,
     pub depth: usize,
+    /// Depth, capped at `MAX_INDENT`: the row's `g-i` class.
     pub indent: usize,
     pub has_children: bool,
     pub collapsed: bool,
@@ -41,14 +42,14 @@ pub struct WfRow {
     pub name: String,
     pub role: &'static str,
     pub href: String,
-    pub bar_left: String,
-    pub bar_width: String,
-    pub over_left: String,
-    pub over_width: String,
+    pub bar_left: u16,
+    pub bar_width: u16,
+    pub over_left: u16,
+    pub over_width: u16,
     pub has_over: bool,
     pub over_text: String,
-    pub window_left: String,
-    pub window_width: String,
+    pub window_left: u16,
+    pub window_width: u16,
     pub has_window: bool,
     pub duration: String,
     pub budget: String,
@@ -102,8 +103,8 @@ pub struct TracePage {
     pub q: String,
     pub span_param: String,
     pub matches: usize,
-    pub ticks: Vec<(String, String)>,
-    pub deadline_at: Option<String>,
+    pub ticks: Vec<(u16, String)>,
+    pub deadline_at: Option<u16>,
     pub deadline_label: String,
     pub rows: Vec<WfRow>,
     pub detail: Option<Detail>,
@@ -217,10 +218,6 @@ impl View {
     }
 }
 
-fn pct(value: f64) -> String {
-    format!("{:.3}", value.clamp(0.0, 100.0))
-}
-
 /// The page for one trace; pure, so the benchmark and tests can call it.
 pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View) -> TracePage {
     let analysis = analyze(spans, options);
@@ -316,7 +313,7 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
             WfRow {
                 href: format!("{base}{}#row-{id}", view.query(Some(&id), view.raw)),
                 depth: row.depth,
-                indent: row.depth.min(40) * 14,
+                indent: row.depth.min(MAX_INDENT),
                 has_children: has_children[r],
                 collapsed: collapsed[r],
                 hidden: hidden[r],
@@ -333,18 +330,18 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                 service: span.service.clone(),
                 name: span.name.clone(),
                 role: row.role.as_str(),
-                bar_left: pct(at(start)),
-                bar_width: pct(at(row.duration_ms).max(0.15)),
-                over_left: pct(at(over_from.unwrap_or(0.0))),
-                over_width: pct(at(over_ms)),
+                bar_left: permille(at(start)),
+                bar_width: permille(at(row.duration_ms).max(0.15)),
+                over_left: permille(at(over_from.unwrap_or(0.0))),
+                over_width: permille(at(over_ms)),
                 has_over: over_ms > 0.0,
                 over_text: if over_ms > 0.0 {
                     format!("ran {} past its deadline", fmt_duration(over_ms))
                 } else {
                     String::new()
                 },
-                window_left: pct(at(start)),
-                window_width: pct(at(deadline.map_or(0.0, |d| (d - start).max(0.0)))),
+                window_left: permille(at(start)),
+                window_width: permille(at(deadline.map_or(0.0, |d| (d - start).max(0.0)))),
                 has_window: deadline.is_some_and(|d| d > start),
                 duration: fmt_duration(row.duration_ms),
                 budget: fmt_opt_duration(row.budget_ms),
@@ -441,9 +438,14 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         matches: matched.iter().filter(|m| **m).count(),
         // Five ticks, the last at the right edge: the axis reaches the end of the trace.
         ticks: (0..=4)
-            .map(|k| (pct(k as f64 * 25.0), fmt_duration(scale * k as f64 / 4.0)))
+            .map(|k| {
+                (
+                    permille(k as f64 * 25.0),
+                    fmt_duration(scale * k as f64 / 4.0),
+                )
+            })
             .collect(),
-        deadline_at: edge_deadline.map(|d| pct(at(d))),
+        deadline_at: edge_deadline.map(|d| permille(at(d))),
         deadline_label: edge_deadline
             .map(|d| format!("request deadline at {}", fmt_duration(d)))
             .unwrap_or_default(),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse as _, Redirect, Response};
 
 use super::{
     Badge, PageError, enc, flag_meaning, fmt_duration, fmt_opt_duration, fmt_time, html,
-    now_unix_nano, query_string, trace_href,
+    now_unix_nano, permille, query_string, trace_href,
 };
 use crate::analyze::Flag;
 use crate::analyze::summary::TraceSummary;
@@ -66,10 +66,11 @@ pub struct TraceRow {
     pub duration: String,
     /// Where an exceeded request ran out: "inventory GET /stock"; empty otherwise.
     pub origin: String,
-    /// Mini budget bar: the answer time's width (0–100) on a scale where the budget is `budget_at`.
-    pub used: f64,
-    pub over: f64,
-    pub budget_at: f64,
+    /// Mini budget bar: the answer time's width (`permille`) on a scale where the budget is
+    /// at `budget_at`.
+    pub used: u16,
+    pub over: u16,
+    pub budget_at: u16,
     pub has_budget: bool,
     pub bar_title: String,
     pub badges: Vec<Badge>,
@@ -227,9 +228,9 @@ fn row(summary: &TraceSummary, tolerance_ms: f64) -> TraceRow {
             let used = answered.min(budget) / scale * 100.0;
             let over = (answered - budget).max(0.0) / scale * 100.0;
             (
-                used,
-                over,
-                budget / scale * 100.0,
+                permille(used),
+                permille(over),
+                permille(budget / scale * 100.0),
                 format!(
                     "answered in {} of a {} budget",
                     fmt_duration(answered),
@@ -237,7 +238,7 @@ fn row(summary: &TraceSummary, tolerance_ms: f64) -> TraceRow {
                 ),
             )
         }
-        _ => (0.0, 0.0, 0.0, "no budget recorded".to_string()),
+        _ => (0, 0, 0, "no budget recorded".to_string()),
     };
     let (outcome_label, outcome) = match summary.outcome.as_str() {
         "exceeded" => ("exceeded", "exceeded"),
