@@ -119,6 +119,18 @@ pub struct ServeArgs {
     /// added). Bound elsewhere: when given, the only names answered. Others get 421.
     #[arg(long, env = "BUDGETSCOPE_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+
+    /// A file of tokens for the OTLP receivers, one per line: exporters then send
+    /// `Authorization: Bearer TOKEN` (gRPC metadata or HTTP header), others get 401 or
+    /// UNAUTHENTICATED. Re-read on SIGHUP. Default: no token needed.
+    #[arg(long, env = "BUDGETSCOPE_OTLP_TOKENS")]
+    pub otlp_tokens: Option<std::path::PathBuf>,
+
+    /// A file of tokens for the UI and API, one per line, sent as `Authorization: Bearer
+    /// TOKEN` or as the password of HTTP basic authentication (any user name, so a browser
+    /// can log in); /healthz and /readyz stay open. Re-read on SIGHUP. Default: none needed.
+    #[arg(long, env = "BUDGETSCOPE_UI_TOKENS")]
+    pub ui_tokens: Option<std::path::PathBuf>,
 }
 
 /// Which database a URL names.
@@ -159,6 +171,8 @@ pub struct ServeConfig {
     pub external_url: String,
     /// `--allowed-hosts` plus the external URL's host.
     pub allowed_hosts: Vec<String>,
+    pub otlp_tokens: Option<std::path::PathBuf>,
+    pub ui_tokens: Option<std::path::PathBuf>,
 }
 
 /// A setting that failed validation, named as the user wrote it.
@@ -402,6 +416,8 @@ impl ServeArgs {
                 .filter(|h| !h.is_empty())
                 .chain(self.external_url.as_deref().and_then(url_host))
                 .collect(),
+            otlp_tokens: self.otlp_tokens.clone(),
+            ui_tokens: self.ui_tokens.clone(),
         })
     }
 }

@@ -6,6 +6,7 @@
 pub mod alerter;
 pub mod alerts;
 pub mod analyze;
+pub mod auth;
 pub mod budget;
 pub mod codec;
 pub mod config;

@@ -114,7 +114,7 @@ async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
     // at once, and a SIGTERM that arrives before the handler exists kills the process
     // without the drain.
     let signal = shutdown_signal()?;
-    reload_on_hangup(server.rules.clone())?;
+    reload_on_hangup(server.reloader())?;
     eprintln!(
         "budgetscope is up: OTLP gRPC {}, OTLP HTTP http://{}/v1/traces, UI and API http://{}/",
         server.otlp_grpc_addr, server.otlp_http_addr, server.http_addr
@@ -139,25 +139,21 @@ fn rules_check(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Re-reads the rules file on each SIGHUP; a file with problems keeps the rules in force.
-fn reload_on_hangup(rules: std::sync::Arc<budgetscope::alerter::RuleBook>) -> anyhow::Result<()> {
+/// Re-reads the rules and tokens files on each SIGHUP; a file with problems keeps what it
+/// gave before.
+fn reload_on_hangup(reload: budgetscope::server::Reload) -> anyhow::Result<()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut hangup = signal(SignalKind::hangup())?;
         tokio::spawn(async move {
             while hangup.recv().await.is_some() {
-                match rules.reload() {
-                    Ok(count) => tracing::info!(rules = count, "reloaded the rules file"),
-                    Err(error) => tracing::error!(
-                        "the rules file was not reloaded; the previous rules stay in force: {error}"
-                    ),
-                }
+                reload.reload();
             }
         });
     }
     #[cfg(not(unix))]
-    let _ = rules;
+    let _ = reload;
     Ok(())
 }
 

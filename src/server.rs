@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerter::{self, AlerterOptions, RuleBook};
 use crate::analyze::AnalyzeOptions;
+use crate::auth::Tokens;
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor};
@@ -44,6 +45,9 @@ pub struct RunningServer {
     pub store: Arc<dyn Store>,
     /// The alert rules in force; `reload` re-reads the rules file.
     pub rules: Arc<RuleBook>,
+    /// The tokens of `--otlp-tokens` and `--ui-tokens`; `reload` re-reads their files.
+    pub otlp_tokens: Arc<Tokens>,
+    pub ui_tokens: Arc<Tokens>,
     stop_accepting: CancellationToken,
     stop_background: CancellationToken,
     listeners: Vec<JoinHandle<()>>,
@@ -75,6 +79,26 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     let rules = Arc::new(RuleBook::load(config.rules.clone()).context(
         "the rules file (--rules) has problems; `budgetscope rules check FILE` lists them",
     )?);
+    let tokens = |path: &Option<std::path::PathBuf>, flag: &str| {
+        Tokens::load(path.clone())
+            .map(Arc::new)
+            .with_context(|| format!("--{flag} names a file that cannot be used"))
+    };
+    let otlp_tokens = tokens(&config.otlp_tokens, "otlp-tokens")?;
+    let ui_tokens = tokens(&config.ui_tokens, "ui-tokens")?;
+    for (addr, tokens, flag) in [
+        (config.otlp_grpc_addr, &otlp_tokens, "otlp-tokens"),
+        (config.otlp_http_addr, &otlp_tokens, "otlp-tokens"),
+        (config.http_addr, &ui_tokens, "ui-tokens"),
+    ] {
+        if !addr.ip().is_loopback() && !tokens.required() {
+            tracing::warn!(
+                %addr,
+                "listening beyond loopback without authentication: anyone who reaches {addr} \
+                 gets in; give --{flag} a file of tokens, or put an authenticating proxy in front"
+            );
+        }
+    }
     // Listeners first: a port in use stops start-up before a database file is created.
     let bind = |addr: SocketAddr, flag: &'static str| async move {
         TcpListener::bind(addr).await.with_context(|| {
@@ -127,7 +151,11 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     };
     let grpc = listen::serve(
         grpc_listener,
-        receive::grpc::service(receiver.clone(), config.max_request_bytes),
+        receive::grpc::service(
+            receiver.clone(),
+            config.max_request_bytes,
+            otlp_tokens.clone(),
+        ),
         Limits {
             http2_only: true,
             ..limits
@@ -137,7 +165,12 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     );
     let otlp_http = listen::serve(
         otlp_http_listener,
-        receive::http::router(receiver, config.max_request_bytes, &config.cors_origins),
+        receive::http::router(
+            receiver,
+            config.max_request_bytes,
+            &config.cors_origins,
+            otlp_tokens.clone(),
+        ),
         limits,
         stop_accepting.clone(),
         "otlp http",
@@ -165,6 +198,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             ingest: Some(ingestor.clone()),
             allowed_hosts: web::allowed_hosts(config.http_addr, &config.allowed_hosts),
             status: status.clone(),
+            tokens: ui_tokens.clone(),
         }),
         limits,
         stop_accepting.clone(),
@@ -232,6 +266,8 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         http_addr,
         store,
         rules,
+        otlp_tokens,
+        ui_tokens,
         stop_accepting,
         stop_background,
         listeners: vec![grpc, otlp_http, http],
@@ -241,7 +277,50 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     })
 }
 
+/// What SIGHUP re-reads: the rules file and the tokens files. A file with problems keeps
+/// what it gave before, and says so in the log.
+#[derive(Clone)]
+pub struct Reload {
+    rules: Arc<RuleBook>,
+    otlp_tokens: Arc<Tokens>,
+    ui_tokens: Arc<Tokens>,
+}
+
+impl Reload {
+    pub fn reload(&self) {
+        match self.rules.reload() {
+            Ok(count) => tracing::info!(rules = count, "reloaded the rules file"),
+            Err(error) => tracing::error!(
+                "the rules file was not reloaded; the previous rules stay in force: {error}"
+            ),
+        }
+        for (tokens, flag) in [
+            (&self.otlp_tokens, "--otlp-tokens"),
+            (&self.ui_tokens, "--ui-tokens"),
+        ] {
+            if !tokens.required() {
+                continue;
+            }
+            match tokens.reload() {
+                Ok(count) => tracing::info!(tokens = count, "reloaded the {flag} file"),
+                Err(error) => tracing::error!(
+                    "the {flag} file was not reloaded; the previous tokens stay in force: {error}"
+                ),
+            }
+        }
+    }
+}
+
 impl RunningServer {
+    /// The files SIGHUP re-reads.
+    pub fn reloader(&self) -> Reload {
+        Reload {
+            rules: self.rules.clone(),
+            otlp_tokens: self.otlp_tokens.clone(),
+            ui_tokens: self.ui_tokens.clone(),
+        }
+    }
+
     /// Stops accepting, finishes in-flight requests, commits everything queued.
     pub async fn shutdown(self) {
         self.stop_accepting.cancel();

@@ -85,6 +85,8 @@ fn serve_help_documents_every_setting_and_its_env_var() {
         ("--external-url", "BUDGETSCOPE_EXTERNAL_URL"),
         ("--max-connections", "BUDGETSCOPE_MAX_CONNECTIONS"),
         ("--allowed-hosts", "BUDGETSCOPE_ALLOWED_HOSTS"),
+        ("--otlp-tokens", "BUDGETSCOPE_OTLP_TOKENS"),
+        ("--ui-tokens", "BUDGETSCOPE_UI_TOKENS"),
     ] {
         assert!(
             help.contains(flag) && help.contains(env),
@@ -379,4 +381,72 @@ fn docker_compose_runs_servers_on_its_own_postgres_with_documented_settings() {
             "Dockerfile: {key} is not a documented setting"
         );
     }
+}
+
+/// Serving beyond loopback without tokens is warned about at start-up; SIGHUP re-reads the
+/// tokens files; no token ever appears in the log.
+#[test]
+fn listeners_beyond_loopback_without_tokens_are_warned_about_and_tokens_never_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("t.db").display());
+    let tokens = dir.path().join("ui-tokens");
+    std::fs::write(&tokens, "first-token-value\n").unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--db", &db])
+        .args([
+            "--otlp-grpc-addr",
+            "0.0.0.0:0",
+            "--otlp-http-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "0.0.0.0:0",
+            "--ui-tokens",
+            tokens.to_str().unwrap(),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut log: Vec<String> = Vec::new();
+    for line in lines.by_ref().map_while(Result::ok) {
+        let up = line.contains("budgetscope is up");
+        log.push(line);
+        if up {
+            break;
+        }
+    }
+    let warnings: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("without authentication"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "only the OTLP/gRPC listener: {log:?}");
+    assert!(warnings[0].contains("--otlp-tokens"), "{log:?}");
+    std::fs::write(&tokens, "second-token-value\n").unwrap();
+    let signal = |name: &str| {
+        Command::new("kill")
+            .args([name, &child.id().to_string()])
+            .status()
+            .unwrap()
+    };
+    signal("-HUP");
+    for line in lines.by_ref().map_while(Result::ok) {
+        let reloaded = line.contains("reloaded the --ui-tokens file");
+        log.push(line);
+        if reloaded {
+            break;
+        }
+    }
+    signal("-TERM");
+    log.extend(lines.map_while(Result::ok));
+    child.wait().unwrap();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("reloaded the --ui-tokens file")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter().all(|l| !l.contains("token-value")),
+        "a token in the log: {log:?}"
+    );
 }

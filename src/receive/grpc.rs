@@ -29,6 +29,7 @@ use tonic_types::{ErrorDetails, StatusExt};
 use super::http::LOSSY_UTF8_WARNING;
 use super::lenient::decode_request;
 use super::{BodyMemory, RETRY_AFTER, Receiver, refusal_message};
+use crate::auth::Tokens;
 use crate::ingest::IngestError;
 
 const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -38,12 +39,18 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 pub struct GrpcReceiver {
     receiver: Arc<Receiver>,
     max_request_bytes: usize,
+    tokens: Arc<Tokens>,
 }
 
-pub fn service(receiver: Arc<Receiver>, max_request_bytes: usize) -> GrpcReceiver {
+pub fn service(
+    receiver: Arc<Receiver>,
+    max_request_bytes: usize,
+    tokens: Arc<Tokens>,
+) -> GrpcReceiver {
     GrpcReceiver {
         receiver,
         max_request_bytes,
+        tokens,
     }
 }
 
@@ -210,6 +217,19 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if !self
+            .tokens
+            .authorizes(request.headers().get(http::header::AUTHORIZATION), false)
+        {
+            return Box::pin(async {
+                Ok(Status::unauthenticated(
+                    "this receiver needs a token: send the metadata `authorization: Bearer \
+                     TOKEN` with a token of its --otlp-tokens file \
+                     (OTEL_EXPORTER_OTLP_HEADERS=\"authorization=Bearer TOKEN\")",
+                )
+                .into_http())
+            });
+        }
         if request.uri().path() != EXPORT_PATH {
             return Box::pin(async {
                 Ok(

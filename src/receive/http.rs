@@ -24,12 +24,14 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::lenient::decode_request;
 use super::{Accepted, RETRY_AFTER, Receiver, Rejection, refusal_message};
+use crate::auth::Tokens;
 use crate::ingest::IngestError;
 
 /// gRPC status codes used in `google.rpc.Status` bodies.
 const INVALID_ARGUMENT: i32 = 3;
 const RESOURCE_EXHAUSTED: i32 = 8;
 const UNAVAILABLE: i32 = 14;
+const UNAUTHENTICATED: i32 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -66,6 +68,8 @@ pub struct OtlpHttpError {
     /// The request's body was left unread: the connection is closed after the answer, and
     /// `Connection: close` tells the client not to send its next request on it.
     close: bool,
+    /// A 401: the answer says which scheme to authenticate with.
+    authenticate: bool,
 }
 
 impl OtlpHttpError {
@@ -77,6 +81,7 @@ impl OtlpHttpError {
             format,
             retry_after: false,
             close: false,
+            authenticate: false,
         }
     }
 
@@ -110,6 +115,12 @@ impl IntoResponse for OtlpHttpError {
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if self.authenticate {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"budgetscope otlp\""),
+            );
+        }
         if self.retry_after {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -123,6 +134,7 @@ impl IntoResponse for OtlpHttpError {
 struct HttpReceiver {
     receiver: Arc<Receiver>,
     max_request_bytes: usize,
+    tokens: Arc<Tokens>,
 }
 
 /// The OTLP/HTTP router. `cors_origins` lists the browser origins allowed to export
@@ -131,10 +143,12 @@ pub fn router(
     receiver: Arc<Receiver>,
     max_request_bytes: usize,
     cors_origins: &[HeaderValue],
+    tokens: Arc<Tokens>,
 ) -> Router {
     let state = Arc::new(HttpReceiver {
         receiver,
         max_request_bytes,
+        tokens,
     });
     let router = Router::new()
         .route("/v1/traces", post(export))
@@ -169,6 +183,20 @@ async fn export_inner(
     body: Body,
 ) -> Result<(Format, Accepted), OtlpHttpError> {
     let format = content_format(headers)?;
+    if !state
+        .tokens
+        .authorizes(headers.get(header::AUTHORIZATION), false)
+    {
+        let mut refusal = OtlpHttpError::new(
+            StatusCode::UNAUTHORIZED,
+            UNAUTHENTICATED,
+            format,
+            "this receiver needs a token: send `Authorization: Bearer TOKEN` with a token \
+             of its --otlp-tokens file (OTEL_EXPORTER_OTLP_HEADERS=\"Authorization=Bearer TOKEN\")",
+        );
+        refusal.authenticate = true;
+        return Err(refusal.closing());
+    }
     let gzip = content_encoding_is_gzip(headers, format)?;
     let limit = state.max_request_bytes;
     let too_large = move |what: &str| {

@@ -50,6 +50,14 @@ impl ApiError {
         }
     }
 
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            code: "unauthenticated",
+            message: message.into(),
+        }
+    }
+
     pub fn misdirected(code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::MISDIRECTED_REQUEST,

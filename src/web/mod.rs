@@ -24,6 +24,7 @@ use axum::routing::{delete, get, post, put};
 
 use crate::alerter::RuleBook;
 use crate::analyze::AnalyzeOptions;
+use crate::auth::Tokens;
 use crate::ingest::Ingestor;
 use crate::metrics::Metrics;
 use crate::status::Monitor;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub allowed_hosts: Option<Arc<Vec<String>>>,
     /// How far analysis is behind (`/api/status`, the overview's banner).
     pub status: Arc<Monitor>,
+    /// The tokens that let a request in (`--ui-tokens`); none needed when it has no file.
+    pub tokens: Arc<Tokens>,
 }
 
 impl AppState {
@@ -61,6 +64,7 @@ impl AppState {
             metrics,
             ingest: None,
             allowed_hosts: None,
+            tokens: Arc::new(Tokens::none()),
         }
     }
 }
@@ -171,6 +175,10 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn(same_origin_writes))
         .layer(axum::middleware::from_fn_with_state(
+            state.tokens.clone(),
+            authenticated,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             state.allowed_hosts.clone(),
             known_hosts_only,
         ))
@@ -198,6 +206,37 @@ async fn security_headers(request: Request, next: Next) -> Response {
     ] {
         headers.insert(name, header::HeaderValue::from_static(value));
     }
+    response
+}
+
+/// Answers 401 to a request without a token of `--ui-tokens` (bearer, or basic with the
+/// token as password), asking for basic authentication so a browser shows its login
+/// prompt. Health and readiness probes stay open: they tell nothing about traces.
+async fn authenticated(
+    State(tokens): State<Arc<Tokens>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let open = matches!(request.uri().path(), "/healthz" | "/readyz");
+    if open || tokens.authorizes(request.headers().get(header::AUTHORIZATION), true) {
+        return next.run(request).await;
+    }
+    let message = "this server needs a token of its --ui-tokens file: log in with any user \
+         name and the token as password, or send `Authorization: Bearer TOKEN`";
+    let mut response = if request.uri().path().starts_with("/api/") {
+        error::ApiError::unauthorized(message).into_response()
+    } else {
+        pages::PageError {
+            status: axum::http::StatusCode::UNAUTHORIZED,
+            title: "Log in to see budgetscope".into(),
+            message: message.into(),
+        }
+        .into_response()
+    };
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Basic realm=\"budgetscope\", charset=\"UTF-8\""),
+    );
     response
 }
 
