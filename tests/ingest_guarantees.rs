@@ -393,7 +393,10 @@ async fn cors_allows_only_configured_origins() {
             )
             .header("origin", origin)
             .header("access-control-request-method", "POST")
-            .header("access-control-request-headers", "content-type")
+            .header(
+                "access-control-request-headers",
+                "content-type, authorization",
+            )
             .send()
     };
     let allowed = preflight("https://app.example").await.unwrap();
@@ -401,6 +404,12 @@ async fn cors_allows_only_configured_origins() {
         allowed.headers()["access-control-allow-origin"],
         "https://app.example"
     );
+    // A browser exporter may send its token (--otlp-tokens).
+    let headers = allowed.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_lowercase();
+    assert!(headers.contains("authorization"), "{headers}");
     let denied = preflight("https://evil.example").await.unwrap();
     assert!(
         denied

@@ -162,7 +162,12 @@ pub fn router(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(cors_origins.iter().cloned()))
             .allow_methods([Method::POST])
-            .allow_headers([header::CONTENT_TYPE, header::CONTENT_ENCODING]),
+            // Authorization: a browser exporter sends its --otlp-tokens token.
+            .allow_headers([
+                header::CONTENT_TYPE,
+                header::CONTENT_ENCODING,
+                header::AUTHORIZATION,
+            ]),
     )
 }
 
