@@ -457,6 +457,11 @@ impl Store for PostgresStore {
         analysed: &[(TraceId, i64)],
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut tx = self.pool.begin().await?;
+        // Servers sharing the database write summaries one at a time: a rollup row that
+        // does not exist yet cannot be locked, and two first inserts would overwrite.
+        sqlx::query("SELECT pg_advisory_xact_lock(7102455)")
+            .execute(&mut *tx)
+            .await?;
         let minutes = write_summaries::<Postgres>(&mut tx, &DIALECT, traces, analysed).await?;
         tx.commit().await?;
         self.refresh_statistics(traces.len() as u64).await;
