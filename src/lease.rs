@@ -51,10 +51,6 @@ impl Lease {
         )
     }
 
-    pub fn holder(&self) -> &str {
-        &self.holder
-    }
-
     /// Whether this server may do the lease's work now.
     pub fn held(&self) -> bool {
         self.until().is_some_and(|until| Instant::now() < until)

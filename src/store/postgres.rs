@@ -457,11 +457,6 @@ impl Store for PostgresStore {
         analysed: &[(TraceId, i64)],
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        // Servers sharing the database write summaries one at a time: a rollup row that
-        // does not exist yet cannot be locked, and two first inserts would overwrite.
-        sqlx::query("SELECT pg_advisory_xact_lock(7102455)")
-            .execute(&mut *tx)
-            .await?;
         let minutes = write_summaries::<Postgres>(&mut tx, &DIALECT, traces, analysed).await?;
         tx.commit().await?;
         self.refresh_statistics(traces.len() as u64).await;
@@ -545,10 +540,10 @@ impl Store for PostgresStore {
     }
 }
 
-/// Rollup rows are locked in key order before they change (keys come sorted), so several
-/// servers sharing the database do not lose each other's counts.
+/// Several servers sharing the database write summaries one at a time (a lock held until
+/// the transaction ends), so none loses another's rollup counts.
 const DIALECT: Dialect = Dialect {
     marks: "dirty_traces",
     rollup_chunk: 2000,
-    rollup_lock: " ORDER BY service, operation, minute_unix_nano FOR UPDATE",
+    writers_lock: "SELECT pg_advisory_xact_lock(7102455)",
 };

@@ -219,15 +219,14 @@ pub(crate) fn hourly(minutes: &[(RollupKey, Rollup)]) -> Vec<(RollupKey, Rollup)
 }
 
 /// Adds deltas to a rollup table (`hop_rollups` per minute or `hop_rollups_hourly`), in
-/// chunks of `chunk` keys: reads the rows of the keys (with `lock`, e.g. Postgres's
-/// `FOR UPDATE` in key order, appended to the read), merges, deletes rows that fell to zero
-/// requests and upserts the rest. Only the chunk size and the lock differ between stores.
+/// chunks of `chunk` keys: reads the rows of the keys, merges, deletes rows that fell to
+/// zero requests and upserts the rest. The caller's transaction keeps other writers out
+/// (`summaries::Dialect::writers_lock`); only the chunk size differs between stores.
 pub(crate) async fn apply_rollups<DB: Database>(
     conn: &mut DB::Connection,
     table: &str,
     deltas: &[(RollupKey, Rollup)],
     chunk: usize,
-    lock: &str,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -256,7 +255,7 @@ where
             &mut select,
             &chunk.iter().map(|(key, _)| key).collect::<Vec<_>>(),
         );
-        select.push(")").push(lock);
+        select.push(")");
         let existing: Vec<StoredRollup> = select.build_query_as().fetch_all(&mut *conn).await?;
         let (keep, gone) = apply_deltas(existing, chunk);
         if !gone.is_empty() {

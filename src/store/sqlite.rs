@@ -771,5 +771,5 @@ fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
 const DIALECT: Dialect = Dialect {
     marks: "trace_marks",
     rollup_chunk: 300,
-    rollup_lock: "",
+    writers_lock: "",
 };

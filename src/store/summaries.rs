@@ -1,6 +1,6 @@
 //! What the analyzer writes for a batch of analysed traces, in one transaction, written
 //! once for both stores: summaries (each with its trace's hop samples), index terms, the
-//! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the rollup lock differ.
+//! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the writers' lock differ.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -22,8 +22,10 @@ pub(crate) struct Dialect {
     pub marks: &'static str,
     /// Rollup keys per statement (`apply_rollups`).
     pub rollup_chunk: usize,
-    /// Appended to the read of existing rollup rows (`apply_rollups`).
-    pub rollup_lock: &'static str,
+    /// Run first in the transaction so that one writer at a time merges into the rollups
+    /// (a row that does not exist yet cannot be locked, and two first inserts would
+    /// overwrite each other); empty where the store has one writer.
+    pub writers_lock: &'static str,
 }
 
 /// Clears the marks in `analysed` (trace, mark) and writes `traces` (each summary with its
@@ -48,6 +50,11 @@ where
     f64: for<'t> Encode<'t, DB> + Type<DB>,
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
+    if !dialect.writers_lock.is_empty() {
+        sqlx::query::<DB>(sqlx::AssertSqlSafe(dialect.writers_lock))
+            .execute(&mut *conn)
+            .await?;
+    }
     // Marks are cleared first, and a trace given with marks is written only if this
     // transaction cleared one of them: of two servers that analysed the same trace, the
     // second finds its marks gone and writes nothing, and a trace whose mark a late span
@@ -135,9 +142,9 @@ where
         insert.build().execute(&mut *conn).await?;
     }
     let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-    let (chunk, lock) = (dialect.rollup_chunk, dialect.rollup_lock);
-    apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk, lock).await?;
-    apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk, lock).await?;
+    let chunk = dialect.rollup_chunk;
+    apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk).await?;
+    apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk).await?;
     Ok(minutes)
 }
 
