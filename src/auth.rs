@@ -1,16 +1,19 @@
-//! Tokens that let a client in: `--otlp-tokens` for the OTLP receivers, `--ui-tokens` for
-//! the UI and API. A tokens file holds one token per line (blank lines and lines starting
+//! Who is let in: tokens (`--otlp-tokens` for the OTLP receivers, `--ui-tokens` for the UI
+//! and API), and for the UI and API also the users an authenticating proxy at a
+//! `--trusted-proxies` address names in its user header. A tokens file holds one token per line (blank lines and lines starting
 //! with `#` are skipped), so tokens can be added and retired by editing it; it is re-read on
 //! SIGHUP.
 //!
 //! Architecture invariant: a token is compared in constant time and never logged or
 //! echoed; a file that cannot be read or holds no token stops start-up and, on SIGHUP,
-//! keeps the tokens in force.
+//! keeps the tokens in force; the proxy's user header counts only on connections from a
+//! trusted address (anyone else could send it).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use base64::Engine as _;
 use subtle::ConstantTimeEq as _;
 
@@ -108,6 +111,83 @@ impl Tokens {
     }
 }
 
+/// Who may use the UI and API.
+pub struct UiAccess {
+    pub tokens: Arc<Tokens>,
+    proxies: Vec<ipnet::IpNet>,
+    user_header: HeaderName,
+}
+
+/// How a request was let in.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admitted {
+    /// Nothing is required.
+    Open,
+    /// It carried a token.
+    Token,
+    /// A trusted proxy vouched for this user.
+    User(String),
+}
+
+impl UiAccess {
+    pub fn new(
+        tokens: Arc<Tokens>,
+        proxies: Vec<ipnet::IpNet>,
+        user_header: HeaderName,
+    ) -> UiAccess {
+        UiAccess {
+            tokens,
+            proxies,
+            user_header,
+        }
+    }
+
+    /// Anyone may use the UI.
+    pub fn open() -> UiAccess {
+        UiAccess::new(
+            Arc::new(Tokens::none()),
+            Vec::new(),
+            HeaderName::from_static("x-forwarded-user"),
+        )
+    }
+
+    /// Whether requests must carry a token or come through a trusted proxy.
+    pub fn required(&self) -> bool {
+        self.tokens.required() || !self.proxies.is_empty()
+    }
+
+    /// Whether tokens are one way in (so a refusal asks for one).
+    pub fn takes_tokens(&self) -> bool {
+        self.tokens.required()
+    }
+
+    /// How a request from `peer` with `headers` is let in, or `None` when it is not.
+    pub fn admits(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<Admitted> {
+        if !self.required() {
+            return Some(Admitted::Open);
+        }
+        let trusted = peer.is_some_and(|peer| {
+            let peer = peer.to_canonical();
+            self.proxies.iter().any(|net| net.contains(&peer))
+        });
+        if trusted {
+            let user = headers
+                .get(&self.user_header)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|user| !user.is_empty());
+            if let Some(user) = user {
+                return Some(Admitted::User(user.to_string()));
+            }
+        }
+        (self.tokens.required()
+            && self
+                .tokens
+                .authorizes(headers.get(header::AUTHORIZATION), true))
+        .then_some(Admitted::Token)
+    }
+}
+
 fn read(path: &PathBuf) -> Result<Vec<Vec<u8>>, TokensError> {
     let text = std::fs::read_to_string(path).map_err(|error| TokensError::Unreadable {
         path: path.display().to_string(),
@@ -164,6 +244,75 @@ mod tests {
             "no colon"
         );
         assert!(!tokens.authorizes(Some(&header("Token alpha-1")), true));
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, header(value));
+        }
+        map
+    }
+
+    #[test]
+    fn the_user_header_counts_only_from_a_trusted_proxy() {
+        let proxies = vec!["10.0.0.0/24".parse().unwrap(), "::1/128".parse().unwrap()];
+        let access = UiAccess::new(
+            Arc::new(Tokens::none()),
+            proxies,
+            HeaderName::from_static("x-forwarded-user"),
+        );
+        let proxy: IpAddr = "10.0.0.7".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.9".parse().unwrap();
+        let stranger: IpAddr = "10.0.1.7".parse().unwrap();
+        let alice = headers(&[("x-forwarded-user", "alice")]);
+        assert!(access.required() && !access.takes_tokens());
+        assert_eq!(
+            access.admits(Some(proxy), &alice),
+            Some(Admitted::User("alice".into()))
+        );
+        assert_eq!(
+            access.admits(Some(mapped), &alice),
+            Some(Admitted::User("alice".into())),
+            "an IPv4 peer on an IPv6 socket"
+        );
+        assert_eq!(access.admits(Some(stranger), &alice), None, "forged");
+        assert_eq!(access.admits(None, &alice), None, "no peer known");
+        assert_eq!(access.admits(Some(proxy), &HeaderMap::new()), None);
+        assert_eq!(
+            access.admits(Some(proxy), &headers(&[("x-forwarded-user", "  ")])),
+            None
+        );
+    }
+
+    #[test]
+    fn tokens_and_a_proxy_are_both_ways_in() {
+        let (_dir, tokens) = tokens("alpha\n");
+        let access = UiAccess::new(
+            Arc::new(tokens),
+            vec!["127.0.0.1/32".parse().unwrap()],
+            HeaderName::from_static("remote-user"),
+        );
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let other: IpAddr = "192.0.2.1".parse().unwrap();
+        assert!(access.takes_tokens());
+        assert_eq!(
+            access.admits(Some(other), &headers(&[("authorization", "Bearer alpha")])),
+            Some(Admitted::Token)
+        );
+        assert_eq!(
+            access.admits(Some(loopback), &headers(&[("remote-user", "bob")])),
+            Some(Admitted::User("bob".into()))
+        );
+        assert_eq!(
+            access.admits(Some(loopback), &headers(&[("x-forwarded-user", "bob")])),
+            None,
+            "only the configured header"
+        );
+        assert_eq!(
+            UiAccess::open().admits(None, &HeaderMap::new()),
+            Some(Admitted::Open)
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderName, HeaderValue};
 use clap::Args;
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
@@ -131,6 +131,29 @@ pub struct ServeArgs {
     /// can log in); /healthz and /readyz stay open. Re-read on SIGHUP. Default: none needed.
     #[arg(long, env = "BUDGETSCOPE_UI_TOKENS")]
     pub ui_tokens: Option<std::path::PathBuf>,
+
+    /// Addresses of authenticating proxies in front of the UI and API (IPs or CIDR blocks,
+    /// comma-separated): a request from one of them that carries --proxy-user-header is let
+    /// in as that user. The header is ignored from every other address. Default: none.
+    #[arg(long, env = "BUDGETSCOPE_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<String>,
+
+    /// The header in which a trusted proxy names the user it authenticated.
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_PROXY_USER_HEADER",
+        default_value = "X-Forwarded-User"
+    )]
+    pub proxy_user_header: String,
+
+    /// A PEM certificate chain (the server's certificate first): all three listeners then
+    /// speak TLS only. Needs --tls-key. Re-read on SIGHUP. Default: plain TCP.
+    #[arg(long, env = "BUDGETSCOPE_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1). Re-read on SIGHUP.
+    #[arg(long, env = "BUDGETSCOPE_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// Which database a URL names.
@@ -173,6 +196,11 @@ pub struct ServeConfig {
     pub allowed_hosts: Vec<String>,
     pub otlp_tokens: Option<std::path::PathBuf>,
     pub ui_tokens: Option<std::path::PathBuf>,
+    /// `--trusted-proxies`: peers whose `proxy_user_header` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    pub proxy_user_header: HeaderName,
+    /// `--tls-cert` and `--tls-key`, both or neither.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// A setting that failed validation, named as the user wrote it.
@@ -380,6 +408,57 @@ impl ServeArgs {
             ));
         }
         let http_addr = addr("http-addr", "BUDGETSCOPE_HTTP_ADDR", &self.http_addr)?;
+        let trusted_proxies = self
+            .trusted_proxies
+            .iter()
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                parse_network(p).ok_or_else(|| {
+                    invalid(
+                        "trusted-proxies",
+                        "BUDGETSCOPE_TRUSTED_PROXIES",
+                        p,
+                        "expected IP addresses or CIDR blocks, e.g. 10.0.0.7 or 10.0.0.0/24",
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let proxy_user_header = HeaderName::from_bytes(self.proxy_user_header.trim().as_bytes())
+            .map_err(|_| {
+                invalid(
+                    "proxy-user-header",
+                    "BUDGETSCOPE_PROXY_USER_HEADER",
+                    &self.proxy_user_header,
+                    "expected an HTTP header name, e.g. X-Forwarded-User",
+                )
+            })?;
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            (Some(cert), None) => {
+                return Err(invalid(
+                    "tls-key",
+                    "BUDGETSCOPE_TLS_KEY",
+                    "",
+                    format!(
+                        "--tls-cert {} needs its private key: give --tls-key",
+                        cert.display()
+                    ),
+                ));
+            }
+            (None, Some(key)) => {
+                return Err(invalid(
+                    "tls-cert",
+                    "BUDGETSCOPE_TLS_CERT",
+                    "",
+                    format!(
+                        "--tls-key {} needs its certificate: give --tls-cert",
+                        key.display()
+                    ),
+                ));
+            }
+        };
         Ok(ServeConfig {
             otlp_grpc_addr: addr(
                 "otlp-grpc-addr",
@@ -407,6 +486,7 @@ impl ServeArgs {
             alert_delay,
             external_url: match &self.external_url {
                 Some(url) => url.trim().trim_end_matches('/').to_string(),
+                None if tls.is_some() => format!("https://{http_addr}"),
                 None => format!("http://{http_addr}"),
             },
             allowed_hosts: self
@@ -418,6 +498,9 @@ impl ServeArgs {
                 .collect(),
             otlp_tokens: self.otlp_tokens.clone(),
             ui_tokens: self.ui_tokens.clone(),
+            trusted_proxies,
+            proxy_user_header,
+            tls,
         })
     }
 }
@@ -443,6 +526,18 @@ fn parse_duration_or_zero(text: &str) -> Option<Duration> {
         "0" => Some(Duration::ZERO),
         text => humantime::parse_duration(text).ok(),
     }
+}
+
+/// An address or a block of them: `10.0.0.7` (that address alone) or `10.0.0.0/24`.
+fn parse_network(text: &str) -> Option<ipnet::IpNet> {
+    text.parse::<ipnet::IpNet>()
+        .ok()
+        .or_else(|| {
+            text.parse::<std::net::IpAddr>()
+                .ok()
+                .map(ipnet::IpNet::from)
+        })
+        .map(|net| net.trunc())
 }
 
 fn parse_addr(text: &str) -> Option<SocketAddr> {

@@ -27,4 +27,5 @@ pub mod recent;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod tls;
 pub mod web;

@@ -13,7 +13,9 @@
 //!   (HTTP/2: GOAWAY, which exporters follow by reconnecting);
 //! - HTTP/2 pings every `KEEPALIVE_INTERVAL` close connections to peers that vanished;
 //! - shutdown stops accepting, shuts every connection down gracefully (in-flight requests
-//!   finish) and returns once all are closed.
+//!   finish) and returns once all are closed;
+//! - with TLS, the handshake must finish within `HEADER_READ_TIMEOUT` too;
+//! - every request carries its peer's address (`ConnectInfo<SocketAddr>`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,13 +24,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::extract::ConnectInfo;
 use axum::http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
@@ -176,10 +181,12 @@ impl Drop for Busy {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A tower service as hyper calls it, recording each request's span on the connection.
+/// A tower service as hyper calls it, recording each request's span on the connection and
+/// telling it who the peer is.
 struct Tracked<S> {
     service: S,
     activity: Arc<Activity>,
+    peer: std::net::SocketAddr,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Tracked<S>
@@ -194,7 +201,8 @@ where
     type Error = Infallible;
     type Future = BoxFuture<Result<Response<B>, Infallible>>;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
+        request.extensions_mut().insert(ConnectInfo(self.peer));
         let busy = Busy::begin(&self.activity);
         let service = self.service.clone();
         Box::pin(async move {
@@ -210,6 +218,7 @@ pub fn serve<S, B>(
     listener: TcpListener,
     service: S,
     limits: Limits,
+    tls: Option<TlsAcceptor>,
     stop: CancellationToken,
     what: &'static str,
 ) -> JoinHandle<()>
@@ -279,50 +288,31 @@ where
             let builder = builder.clone();
             let service = service.clone();
             let stop = stop.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let activity = Arc::new(Activity::new());
                 let tracked = Tracked {
                     service,
-                    activity: activity.clone(),
+                    activity: Arc::new(Activity::new()),
+                    peer,
                 };
-                let connection = builder.serve_connection(TokioIo::new(stream), tracked);
-                tokio::pin!(connection);
-                // Once shutting down: when the connection is dropped if still open.
-                let mut closing: Option<Instant> = None;
-                loop {
-                    let check = match closing {
-                        Some(at) => at,
-                        None => activity
-                            .deadline()
-                            .unwrap_or_else(|| Instant::now() + HEADER_READ_TIMEOUT),
-                    };
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(error) = result {
-                                tracing::debug!(%error, %peer, listener = what, "connection ended");
+                match tls {
+                    None => drive(&builder, stream, tracked, stop, what).await,
+                    Some(acceptor) => {
+                        let handshake = tokio::select! {
+                            _ = stop.cancelled() => None,
+                            done = tokio::time::timeout(HEADER_READ_TIMEOUT, acceptor.accept(stream)) => Some(done),
+                        };
+                        match handshake {
+                            Some(Ok(Ok(stream))) => {
+                                drive(&builder, stream, tracked, stop, what).await
                             }
-                            break;
-                        }
-                        _ = stop.cancelled(), if closing.is_none() => {
-                            if !activity.started.load(Ordering::Acquire) {
-                                break;
+                            Some(Ok(Err(error))) => {
+                                tracing::debug!(%error, %peer, listener = what, "TLS handshake failed");
                             }
-                            connection.as_mut().graceful_shutdown();
-                            closing = Some(Instant::now() + DRAIN_TIMEOUT);
-                        }
-                        _ = tokio::time::sleep_until(check.into()) => {
-                            if closing.is_some() {
-                                break;
+                            Some(Err(_)) => {
+                                tracing::debug!(%peer, listener = what, "TLS handshake timed out");
                             }
-                            if activity.deadline().is_some_and(|d| d <= Instant::now()) {
-                                // Without a request ever started there is nothing to finish
-                                // (an HTTP/2 handshake never completed cannot take GOAWAY).
-                                if !activity.started.load(Ordering::Acquire) {
-                                    break;
-                                }
-                                connection.as_mut().graceful_shutdown();
-                                closing = Some(Instant::now() + DRAIN_TIMEOUT);
-                            }
+                            None => {}
                         }
                     }
                 }
@@ -343,6 +333,69 @@ where
             );
         }
     })
+}
+
+/// Serves one connection until it ends, shutting it down when idle or at `stop`.
+async fn drive<I, S, B>(
+    builder: &Builder<TokioExecutor>,
+    io: I,
+    tracked: Tracked<S>,
+    stop: CancellationToken,
+    what: &'static str,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let activity = tracked.activity.clone();
+    let peer = tracked.peer;
+    let connection = builder.serve_connection(TokioIo::new(io), tracked);
+    tokio::pin!(connection);
+    // Once shutting down: when the connection is dropped if still open.
+    let mut closing: Option<Instant> = None;
+    loop {
+        let check = match closing {
+            Some(at) => at,
+            None => activity
+                .deadline()
+                .unwrap_or_else(|| Instant::now() + HEADER_READ_TIMEOUT),
+        };
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%error, %peer, listener = what, "connection ended");
+                }
+                break;
+            }
+            _ = stop.cancelled(), if closing.is_none() => {
+                if !activity.started.load(Ordering::Acquire) {
+                    break;
+                }
+                connection.as_mut().graceful_shutdown();
+                closing = Some(Instant::now() + DRAIN_TIMEOUT);
+            }
+            _ = tokio::time::sleep_until(check.into()) => {
+                if closing.is_some() {
+                    break;
+                }
+                if activity.deadline().is_some_and(|d| d <= Instant::now()) {
+                    // Without a request ever started there is nothing to finish
+                    // (an HTTP/2 handshake never completed cannot take GOAWAY).
+                    if !activity.started.load(Ordering::Acquire) {
+                        break;
+                    }
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(Instant::now() + DRAIN_TIMEOUT);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

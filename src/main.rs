@@ -139,8 +139,8 @@ fn rules_check(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Re-reads the rules and tokens files on each SIGHUP; a file with problems keeps what it
-/// gave before.
+/// Re-reads the rules and tokens files and the TLS certificate on each SIGHUP; a file with
+/// problems keeps what it gave before.
 fn reload_on_hangup(reload: budgetscope::server::Reload) -> anyhow::Result<()> {
     #[cfg(unix)]
     {

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::alerter::{self, AlerterOptions, RuleBook};
 use crate::analyze::AnalyzeOptions;
-use crate::auth::Tokens;
+use crate::auth::{Tokens, UiAccess};
 use crate::config::{DbUrl, ServeConfig};
 use crate::indexer::{self, IndexerOptions};
 use crate::ingest::{IngestOptions, Ingestor};
@@ -29,6 +29,7 @@ use crate::receive::{self, Receiver};
 use crate::recent::Recent;
 use crate::status::{self, Monitor};
 use crate::store::{self, Store};
+use crate::tls::Certificate;
 use crate::web::{self, AppState};
 
 /// How often queued notifications are looked for (retries wait at least 1 s).
@@ -48,6 +49,8 @@ pub struct RunningServer {
     /// The tokens of `--otlp-tokens` and `--ui-tokens`; `reload` re-reads their files.
     pub otlp_tokens: Arc<Tokens>,
     pub ui_tokens: Arc<Tokens>,
+    /// The certificate of `--tls-cert`; `reload` re-reads it.
+    pub certificate: Option<Arc<Certificate>>,
     stop_accepting: CancellationToken,
     stop_background: CancellationToken,
     listeners: Vec<JoinHandle<()>>,
@@ -86,12 +89,24 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     };
     let otlp_tokens = tokens(&config.otlp_tokens, "otlp-tokens")?;
     let ui_tokens = tokens(&config.ui_tokens, "ui-tokens")?;
-    for (addr, tokens, flag) in [
-        (config.otlp_grpc_addr, &otlp_tokens, "otlp-tokens"),
-        (config.otlp_http_addr, &otlp_tokens, "otlp-tokens"),
-        (config.http_addr, &ui_tokens, "ui-tokens"),
+    let ui_access = Arc::new(UiAccess::new(
+        ui_tokens.clone(),
+        config.trusted_proxies.clone(),
+        config.proxy_user_header.clone(),
+    ));
+    let certificate = match &config.tls {
+        Some((cert, key)) => Some(
+            Certificate::load(cert.clone(), key.clone())
+                .context("--tls-cert and --tls-key must name a PEM certificate and its key")?,
+        ),
+        None => None,
+    };
+    for (addr, required, flag) in [
+        (config.otlp_grpc_addr, otlp_tokens.required(), "otlp-tokens"),
+        (config.otlp_http_addr, otlp_tokens.required(), "otlp-tokens"),
+        (config.http_addr, ui_access.required(), "ui-tokens"),
     ] {
-        if !addr.ip().is_loopback() && !tokens.required() {
+        if !addr.ip().is_loopback() && !required {
             tracing::warn!(
                 %addr,
                 "listening beyond loopback without authentication: anyone who reaches {addr} \
@@ -160,6 +175,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             http2_only: true,
             ..limits
         },
+        certificate.as_ref().map(|c| c.acceptor(true)),
         stop_accepting.clone(),
         "otlp grpc",
     );
@@ -172,6 +188,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             otlp_tokens.clone(),
         ),
         limits,
+        certificate.as_ref().map(|c| c.acceptor(false)),
         stop_accepting.clone(),
         "otlp http",
     );
@@ -198,9 +215,10 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             ingest: Some(ingestor.clone()),
             allowed_hosts: web::allowed_hosts(config.http_addr, &config.allowed_hosts),
             status: status.clone(),
-            tokens: ui_tokens.clone(),
+            access: ui_access,
         }),
         limits,
+        certificate.as_ref().map(|c| c.acceptor(false)),
         stop_accepting.clone(),
         "ui and api",
     );
@@ -258,7 +276,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     ];
     tracing::info!(
         %otlp_grpc_addr, %otlp_http_addr, %http_addr, store = store.backend(),
-        "budgetscope listening"
+        tls = certificate.is_some(), "budgetscope listening"
     );
     Ok(RunningServer {
         otlp_grpc_addr,
@@ -268,6 +286,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         rules,
         otlp_tokens,
         ui_tokens,
+        certificate,
         stop_accepting,
         stop_background,
         listeners: vec![grpc, otlp_http, http],
@@ -277,13 +296,14 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     })
 }
 
-/// What SIGHUP re-reads: the rules file and the tokens files. A file with problems keeps
-/// what it gave before, and says so in the log.
+/// What SIGHUP re-reads: the rules file, the tokens files and the TLS certificate. A file
+/// with problems keeps what it gave before, and says so in the log.
 #[derive(Clone)]
 pub struct Reload {
     rules: Arc<RuleBook>,
     otlp_tokens: Arc<Tokens>,
     ui_tokens: Arc<Tokens>,
+    certificate: Option<Arc<Certificate>>,
 }
 
 impl Reload {
@@ -308,6 +328,14 @@ impl Reload {
                 ),
             }
         }
+        if let Some(certificate) = &self.certificate {
+            match certificate.reload() {
+                Ok(()) => tracing::info!("reloaded the TLS certificate and key"),
+                Err(error) => tracing::error!(
+                    "the TLS certificate was not reloaded; the previous one stays in force: {error}"
+                ),
+            }
+        }
     }
 }
 
@@ -318,6 +346,7 @@ impl RunningServer {
             rules: self.rules.clone(),
             otlp_tokens: self.otlp_tokens.clone(),
             ui_tokens: self.ui_tokens.clone(),
+            certificate: self.certificate.clone(),
         }
     }
 

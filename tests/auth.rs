@@ -148,3 +148,116 @@ async fn a_tokens_file_that_cannot_be_used_stops_start_up() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticating_proxys_user_header_counts_only_from_its_addresses() {
+    let db = TestDb::sqlite();
+    let client = reqwest::Client::new();
+    let get = |addr: std::net::SocketAddr, path: &str, headers: &[(&str, &str)]| {
+        let mut get = client.get(format!("http://{addr}{path}"));
+        for (name, value) in headers {
+            get = get.header(*name, *value);
+        }
+        async move { get.send().await.unwrap() }
+    };
+
+    // The tests connect from 127.0.0.1: here that is the proxy's address.
+    let behind_proxy = start(
+        &db,
+        &[
+            "--trusted-proxies",
+            "10.1.0.0/16, 127.0.0.1",
+            "--proxy-user-header",
+            "Remote-User",
+        ],
+    )
+    .await;
+    let addr = behind_proxy.http_addr;
+    let alice = [("remote-user", "alice")];
+    assert_eq!(
+        get(addr, "/api/status", &alice).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(get(addr, "/", &alice).await.status(), StatusCode::OK);
+    for headers in [
+        &[][..],
+        &[("x-forwarded-user", "alice")],
+        &[("remote-user", " ")],
+    ] {
+        let refused = get(addr, "/api/status", headers).await;
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        assert!(
+            !refused.headers().contains_key("www-authenticate"),
+            "no token would help"
+        );
+        let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+        assert_eq!(body["error"]["code"], "forbidden");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("authenticating proxy"),
+            "{body}"
+        );
+    }
+    let page = get(addr, "/traces", &[]).await;
+    assert_eq!(page.status(), StatusCode::FORBIDDEN);
+    assert!(page.text().await.unwrap().contains("--trusted-proxies"));
+    assert_eq!(get(addr, "/healthz", &[]).await.status(), StatusCode::OK);
+    behind_proxy.shutdown().await;
+
+    // The proxy is elsewhere: the same header from 127.0.0.1 is a forgery; tokens still
+    // let their holders in.
+    let dir = tempfile::tempdir().unwrap();
+    let ui = dir.path().join("ui");
+    std::fs::write(&ui, "ui-secret\n").unwrap();
+    let elsewhere = start(
+        &db,
+        &[
+            "--trusted-proxies",
+            "10.1.0.0/16",
+            "--ui-tokens",
+            ui.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let addr = elsewhere.http_addr;
+    let forged = get(addr, "/api/status", &[("x-forwarded-user", "admin")]).await;
+    assert_eq!(forged.status(), StatusCode::UNAUTHORIZED);
+    assert!(forged.headers().contains_key("www-authenticate"));
+    assert_eq!(
+        get(
+            addr,
+            "/api/status",
+            &[("authorization", "Bearer ui-secret")]
+        )
+        .await
+        .status(),
+        StatusCode::OK
+    );
+    elsewhere.shutdown().await;
+}
+
+#[test]
+fn trusted_proxies_and_their_header_are_checked_at_start_up() {
+    for (flags, flag) in [
+        (
+            &["--trusted-proxies", "10.0.0.0/33"][..],
+            "--trusted-proxies",
+        ),
+        (
+            &["--trusted-proxies", "proxy.example.com"],
+            "--trusted-proxies",
+        ),
+        (&["--proxy-user-header", "X User"], "--proxy-user-header"),
+    ] {
+        let mut argv = vec!["serve"];
+        argv.extend_from_slice(flags);
+        let error = budgetscope::config::ServeArgs::try_parse_from(argv)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(flag), "{error}");
+    }
+}

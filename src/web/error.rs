@@ -50,10 +50,15 @@ impl ApiError {
         }
     }
 
-    pub fn unauthorized(message: impl Into<String>) -> Self {
+    /// Not let in: 401 (`unauthenticated`, a token would do) or 403 (`forbidden`).
+    pub fn refused(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError {
-            status: StatusCode::UNAUTHORIZED,
-            code: "unauthenticated",
+            status,
+            code: if status == StatusCode::UNAUTHORIZED {
+                "unauthenticated"
+            } else {
+                "forbidden"
+            },
             message: message.into(),
         }
     }

@@ -24,7 +24,7 @@ use axum::routing::{delete, get, post, put};
 
 use crate::alerter::RuleBook;
 use crate::analyze::AnalyzeOptions;
-use crate::auth::Tokens;
+use crate::auth::UiAccess;
 use crate::ingest::Ingestor;
 use crate::metrics::Metrics;
 use crate::status::Monitor;
@@ -46,8 +46,8 @@ pub struct AppState {
     pub allowed_hosts: Option<Arc<Vec<String>>>,
     /// How far analysis is behind (`/api/status`, the overview's banner).
     pub status: Arc<Monitor>,
-    /// The tokens that let a request in (`--ui-tokens`); none needed when it has no file.
-    pub tokens: Arc<Tokens>,
+    /// Who is let in (`--ui-tokens`, `--trusted-proxies`); everyone when neither is given.
+    pub access: Arc<UiAccess>,
 }
 
 impl AppState {
@@ -64,7 +64,7 @@ impl AppState {
             metrics,
             ingest: None,
             allowed_hosts: None,
-            tokens: Arc::new(Tokens::none()),
+            access: Arc::new(UiAccess::open()),
         }
     }
 }
@@ -175,7 +175,7 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .layer(axum::middleware::from_fn(same_origin_writes))
         .layer(axum::middleware::from_fn_with_state(
-            state.tokens.clone(),
+            state.access.clone(),
             authenticated,
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -209,34 +209,53 @@ async fn security_headers(request: Request, next: Next) -> Response {
     response
 }
 
-/// Answers 401 to a request without a token of `--ui-tokens` (bearer, or basic with the
-/// token as password), asking for basic authentication so a browser shows its login
-/// prompt. Health and readiness probes stay open: they tell nothing about traces.
+/// Refuses a request that neither carries a token of `--ui-tokens` (bearer, or basic with
+/// the token as password) nor comes from a `--trusted-proxies` address naming its user:
+/// 401 asking for basic authentication, so a browser shows its login prompt, where tokens
+/// are taken, else 403. Health and readiness probes stay open: they tell nothing about
+/// traces.
 async fn authenticated(
-    State(tokens): State<Arc<Tokens>>,
+    State(access): State<Arc<UiAccess>>,
     request: Request,
     next: Next,
 ) -> Response {
     let open = matches!(request.uri().path(), "/healthz" | "/readyz");
-    if open || tokens.authorizes(request.headers().get(header::AUTHORIZATION), true) {
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip());
+    if open || access.admits(peer, request.headers()).is_some() {
         return next.run(request).await;
     }
-    let message = "this server needs a token of its --ui-tokens file: log in with any user \
-         name and the token as password, or send `Authorization: Bearer TOKEN`";
+    let (status, message) = if access.takes_tokens() {
+        (
+            axum::http::StatusCode::UNAUTHORIZED,
+            "this server needs a token of its --ui-tokens file: log in with any user name and \
+             the token as password, or send `Authorization: Bearer TOKEN`",
+        )
+    } else {
+        (
+            axum::http::StatusCode::FORBIDDEN,
+            "this server lets in only requests through its authenticating proxy \
+             (--trusted-proxies): open budgetscope at the proxy's address",
+        )
+    };
     let mut response = if request.uri().path().starts_with("/api/") {
-        error::ApiError::unauthorized(message).into_response()
+        error::ApiError::refused(status, message).into_response()
     } else {
         pages::PageError {
-            status: axum::http::StatusCode::UNAUTHORIZED,
+            status,
             title: "Log in to see budgetscope".into(),
             message: message.into(),
         }
         .into_response()
     };
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Basic realm=\"budgetscope\", charset=\"UTF-8\""),
-    );
+    if access.takes_tokens() {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"budgetscope\", charset=\"UTF-8\""),
+        );
+    }
     response
 }
 
