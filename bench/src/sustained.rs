@@ -10,6 +10,9 @@
 //! long the trace waiting longest has been quiet beyond the quiet period, an upper bound
 //! on every waiting trace's lag. After the load it waits for the analyzer to drain (up to
 //! `--drain` seconds), stops the server and counts the stored spans against those sent.
+//! With `--servers N` (Postgres), N servers share the database and each request goes to
+//! the next server in turn, so most traces' spans reach several servers; lag and waiting
+//! traces are the shared store's, analysed/s, CPU and the queue are summed over servers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -62,6 +65,10 @@ pub struct SustainedBench {
     /// The `budgetscope` binary to run as the server (default: the one beside this program).
     #[arg(long)]
     pub server: Option<std::path::PathBuf>,
+    /// Servers sharing the database (more than one needs Postgres); each request goes to
+    /// the next one in turn.
+    #[arg(long, default_value = "1")]
+    pub servers: usize,
 }
 
 /// One reading of `/api/status` and the server process.
@@ -76,8 +83,13 @@ struct Sample {
 
 pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     let hops = parse_hops(&bench.hops)?;
-    if bench.rate == 0 || bench.seconds == 0 || bench.batch == 0 || bench.concurrency == 0 {
-        bail!("--rate, --seconds, --batch and --concurrency must be at least 1");
+    if bench.rate == 0
+        || bench.seconds == 0
+        || bench.batch == 0
+        || bench.concurrency == 0
+        || bench.servers == 0
+    {
+        bail!("--rate, --seconds, --batch, --concurrency and --servers must be at least 1");
     }
     let pool_spans = (bench.rate * POOL_SECONDS) as usize;
     eprintln!("generating {pool_spans} spans ({POOL_SECONDS} s of traffic)…");
@@ -112,17 +124,31 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     };
 
     let databases = BenchDatabases::new(&bench.db).await?;
+    if bench.servers > 1 && !databases.is_postgres() {
+        bail!(
+            "--servers {} needs --db postgres://…: SQLite is one process's",
+            bench.servers
+        );
+    }
     let serve_url = databases.fresh("sustained").await?;
     let exe = match &bench.server {
         Some(path) => path.clone(),
         None => crate::server_beside_harness()?,
     };
     let args = ["--quiet-period".to_string(), bench.quiet_period.clone()];
-    let server = ChildServer::start(&exe, &serve_url, &args).await?;
+    let mut servers = Vec::new();
+    for _ in 0..bench.servers {
+        servers.push(ChildServer::start(&exe, &serve_url, &args).await?);
+    }
     eprintln!(
-        "server pid {}; {} spans/s for {} s, {traces_per_pool} traces per {POOL_SECONDS} s",
-        server.pid, bench.rate, bench.seconds
+        "server pids {:?}; {} spans/s for {} s, {traces_per_pool} traces per {POOL_SECONDS} s",
+        servers.iter().map(|s| s.pid).collect::<Vec<_>>(),
+        bench.rate,
+        bench.seconds
     );
+    let cpu_seconds = |servers: &[ChildServer]| -> anyhow::Result<f64> {
+        servers.iter().map(|s| s.cpu_seconds()).sum()
+    };
 
     let (pool, spans_before) = (Arc::new(pool), Arc::new(spans_before));
     let next = Arc::new(AtomicU64::new(0));
@@ -130,7 +156,7 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     let refusals = Arc::new(AtomicU64::new(0));
     let load_over = Arc::new(AtomicBool::new(false));
     let length = Duration::from_secs(bench.seconds);
-    let cpu_before = server.cpu_seconds()?;
+    let cpu_before = cpu_seconds(&servers)?;
     let sender_cpu_before = own_cpu_seconds()?;
     let started = Instant::now();
     let mut senders = Vec::new();
@@ -142,9 +168,17 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
             acked.clone(),
             refusals.clone(),
         );
-        let (rate, grpc_addr, http_addr) = (bench.rate, server.grpc_addr, server.http_otlp_addr);
+        let rate = bench.rate;
+        let addrs: Vec<_> = servers
+            .iter()
+            .map(|s| (s.grpc_addr, s.http_otlp_addr))
+            .collect();
         senders.push(tokio::spawn(async move {
-            let mut sender = Sender::connect(Transport::Grpc, false, grpc_addr, http_addr).await?;
+            let mut connections = Vec::new();
+            for (grpc_addr, http_addr) in addrs {
+                connections
+                    .push(Sender::connect(Transport::Grpc, false, grpc_addr, http_addr).await?);
+            }
             let mut latencies = Vec::new();
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
@@ -160,6 +194,8 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
                 tokio::time::sleep_until((started + due).into()).await;
                 let request = renewed(&pool[slot], round);
                 let sent = Instant::now();
+                let target = (index % connections.len() as u64) as usize;
+                let sender = &mut connections[target];
                 sender.send_until_stored(&request, &refusals).await?;
                 latencies.push(sent.elapsed());
                 acked.fetch_add(request.spans as u64, Ordering::Relaxed);
@@ -168,7 +204,10 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
         }));
     }
 
-    let status_url = format!("http://{}/api/status", server.http_addr);
+    let status_urls: Vec<String> = servers
+        .iter()
+        .map(|s| format!("http://{}/api/status", s.http_addr))
+        .collect();
     let client = reqwest::Client::new();
     let mut samples: Vec<Sample> = Vec::new();
     let mut peak_anon = 0u64;
@@ -186,24 +225,31 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
                     latencies.extend(result.context("sender task failed")??);
                 }
                 load_seconds = Some(started.elapsed().as_secs_f64());
-                cpu_during_load = Some(server.cpu_seconds()? - cpu_before);
+                cpu_during_load = Some(cpu_seconds(&servers)? - cpu_before);
                 load_over.store(true, Ordering::Relaxed);
                 drain_until = Some(started.elapsed() + Duration::from_secs(bench.drain));
                 eprintln!("load over after {:.1} s; waiting for analysis to drain…", started.elapsed().as_secs_f64());
             }
             _ = tokio::time::sleep(Duration::from_secs(1)) => {
-                let body = client.get(&status_url).send().await?.bytes().await?;
-                let status: serde_json::Value = serde_json::from_slice(&body)?;
-                let number = |key: &str| status[key].as_f64().unwrap_or(0.0);
+                let mut statuses = Vec::new();
+                for url in &status_urls {
+                    let body = client.get(url).send().await?.bytes().await?;
+                    statuses.push(serde_json::from_slice::<serde_json::Value>(&body)?);
+                }
+                // The backlog is the shared store's; the work done is each server's own.
+                let number = |key: &str| statuses[0][key].as_f64().unwrap_or(0.0);
+                let sum = |key: &str| statuses.iter().map(|s| s[key].as_f64().unwrap_or(0.0)).sum::<f64>();
                 let sample = Sample {
                     at: started.elapsed(),
                     lag_s: number("analysis_lag_s"),
                     pending: number("traces_pending") as u64,
-                    analysed_per_s: number("analyzed_traces_per_s"),
-                    queue: number("ingest_queue_spans") as u64,
-                    rss: server.rss_bytes().unwrap_or(0),
+                    analysed_per_s: sum("analyzed_traces_per_s"),
+                    queue: sum("ingest_queue_spans") as u64,
+                    rss: servers.iter().map(|s| s.rss_bytes().unwrap_or(0)).sum(),
                 };
-                peak_anon = peak_anon.max(server.anon_rss_bytes().unwrap_or(0));
+                for server in &servers {
+                    peak_anon = peak_anon.max(server.anon_rss_bytes().unwrap_or(0));
+                }
                 eprintln!(
                     "  {:>4.0} s: {} spans committed, analysis lag {:.1} s, {} traces waiting, {:.0} analysed/s, queue {}, RSS {:.0} MiB",
                     sample.at.as_secs_f64(), acked.load(Ordering::Relaxed), sample.lag_s, sample.pending,
@@ -223,8 +269,11 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
         .filter(|s| s.pending == 0)
         .map(|s| s.at.as_secs_f64() - load_seconds);
     let sender_cpu = own_cpu_seconds()? - sender_cpu_before;
-    let peak_rss = server.peak_rss_bytes()?;
-    server.stop().await?;
+    let mut peak_rss = 0;
+    for server in servers {
+        peak_rss = peak_rss.max(server.peak_rss_bytes()?);
+        server.stop().await?;
+    }
     let sent = acked.load(Ordering::Relaxed);
     let reopened = store::open(&serve_url).await?;
     let stored = reopened.span_count().await?;
@@ -261,13 +310,14 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     };
     let cpu = cpu_during_load.unwrap_or(0.0);
     println!(
-        "## sustained: {} spans/s for {} s, {} hops, trouble {}, quiet period {}, {}",
+        "## sustained: {} spans/s for {} s, {} hops, trouble {}, quiet period {}, {}, {} server(s)",
         bench.rate,
         bench.seconds,
         bench.hops,
         bench.trouble,
         bench.quiet_period,
-        databases.backend()
+        databases.backend(),
+        bench.servers
     );
     println!("| measure | value |\n|---|---|");
     println!("| spans sent (acknowledged) / stored after shutdown | {sent} / {stored} |");
@@ -307,7 +357,7 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
         ),
     }
     println!(
-        "| server CPU during the load | {:.0}% of one core |",
+        "| server CPU during the load (all servers) | {:.0}% of one core |",
         100.0 * cpu / load_seconds
     );
     println!(
@@ -315,12 +365,12 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
         100.0 * sender_cpu / samples.last().map_or(1.0, |s| s.at.as_secs_f64())
     );
     println!(
-        "| server peak RSS / peak anonymous RSS | {:.0} MiB / {:.0} MiB |",
+        "| server peak RSS / peak anonymous RSS (the largest server) | {:.0} MiB / {:.0} MiB |",
         peak_rss as f64 / 1048576.0,
         peak_anon as f64 / 1048576.0
     );
     println!(
-        "\n| time | analysis lag | traces waiting | analysed/s | ingest queue | RSS |\n|---|---|---|---|---|---|"
+        "\n| time | analysis lag | traces waiting | analysed/s | ingest queue | RSS (all servers) |\n|---|---|---|---|---|---|"
     );
     let every = (samples.len() / 20).max(1);
     for sample in samples.iter().step_by(every) {
