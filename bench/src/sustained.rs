@@ -278,6 +278,7 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     let reopened = store::open(&serve_url).await?;
     let stored = reopened.span_count().await?;
     drop(reopened);
+    let counted = counted_once(&serve_url).await?;
 
     let during: Vec<&Sample> = samples
         .iter()
@@ -321,6 +322,9 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     );
     println!("| measure | value |\n|---|---|");
     println!("| spans sent (acknowledged) / stored after shutdown | {sent} / {stored} |");
+    for (what, expected, found) in &counted {
+        println!("| {what} | {expected} / {found} |");
+    }
     println!(
         "| committed spans/s during the load | {:.0} |",
         sent as f64 / load_seconds
@@ -388,7 +392,63 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     if stored != sent {
         bail!("stored {stored} spans but {sent} were acknowledged: spans were lost or duplicated");
     }
+    if drained_after.is_some()
+        && let Some((what, _, _)) = counted
+            .iter()
+            .find(|(_, expected, found)| expected != found)
+    {
+        bail!("after the analysis drained, {what} differ: a trace was missed or counted twice");
+    }
     Ok(())
+}
+
+/// Once analysis has drained, every stored trace is summarised once with all its spans, and
+/// every hop sample of every trace counts once in the hop rollups: each pair
+/// (what, expected, found) must agree.
+async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>> {
+    let postgres = url.starts_with("postgres");
+    // A summary keeps its trace's hop samples as a JSON array.
+    let samples = if postgres {
+        "SELECT CAST(COALESCE(SUM(json_array_length(hops::json)), 0) AS BIGINT) FROM trace_summaries"
+    } else {
+        "SELECT CAST(COALESCE(SUM(json_array_length(hops)), 0) AS BIGINT) FROM trace_summaries"
+    };
+    let pairs = [
+        (
+            "traces stored / summarised",
+            "SELECT COUNT(DISTINCT trace_id) FROM spans",
+            "SELECT COUNT(*) FROM trace_summaries",
+        ),
+        (
+            "spans stored / in summaries",
+            "SELECT COUNT(*) FROM spans",
+            "SELECT CAST(COALESCE(SUM(span_count), 0) AS BIGINT) FROM trace_summaries",
+        ),
+        (
+            "hop samples in summaries / requests in hop rollups",
+            samples,
+            "SELECT CAST(COALESCE(SUM(requests), 0) AS BIGINT) FROM hop_rollups",
+        ),
+    ];
+    let mut counted = Vec::new();
+    if postgres {
+        let pool = sqlx::PgPool::connect(url).await?;
+        for (what, expected, found) in pairs {
+            let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
+            let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
+            counted.push((what, expected, found));
+        }
+        pool.close().await;
+    } else {
+        let pool = sqlx::SqlitePool::connect(url).await?;
+        for (what, expected, found) in pairs {
+            let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
+            let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
+            counted.push((what, expected, found));
+        }
+        pool.close().await;
+    }
+    Ok(counted)
 }
 
 /// `MIN-MAX` services per trace.

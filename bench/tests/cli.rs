@@ -120,8 +120,60 @@ fn bench_sustained_reports_the_analysis_lag_and_drains() {
         stdout.contains("| time | analysis lag | traces waiting |"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("| traces stored / summarised | ")
+            && stdout.contains("| hop samples in summaries / requests in hop rollups | "),
+        "{stdout}"
+    );
     let (ok, _, stderr) = run(&["sustained", "--hops", "1-3", "--seconds", "1"]);
     assert!(!ok && stderr.contains("--hops takes MIN-MAX"), "{stderr}");
+    let (ok, _, stderr) = run(&["sustained", "--servers", "2", "--seconds", "1"]);
+    assert!(!ok && stderr.contains("needs --db postgres"), "{stderr}");
+}
+
+/// Two servers on one Postgres: every acknowledged span stored, every trace summarised
+/// once and every hop counted once (the harness fails the run otherwise).
+#[test]
+fn bench_sustained_checks_several_servers_count_each_trace_once() {
+    let url = match std::env::var("BUDGETSCOPE_TEST_POSTGRES_URL") {
+        Ok(url) => url,
+        Err(_) if std::env::var_os("CI").is_some() => {
+            panic!("CI must set BUDGETSCOPE_TEST_POSTGRES_URL (.ci/run does)")
+        }
+        Err(_) => {
+            eprintln!(
+                "SKIPPED bench_sustained_checks_several_servers_count_each_trace_once: set \
+                 BUDGETSCOPE_TEST_POSTGRES_URL to run it"
+            );
+            return;
+        }
+    };
+    let (ok, stdout, stderr) = run(&[
+        "sustained",
+        "--db",
+        &url,
+        "--servers",
+        "2",
+        "--rate",
+        "2000",
+        "--seconds",
+        "4",
+        "--hops",
+        "2-6",
+        "--batch",
+        "100",
+        "--quiet-period",
+        "1s",
+        "--drain",
+        "60",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("postgres, 2 server(s)"), "{stdout}");
+    assert!(
+        stdout.contains("| spans sent (acknowledged) / stored after shutdown | 8000 / 8000 |")
+            && stdout.contains("| spans stored / in summaries | 8000 / 8000 |"),
+        "{stdout}"
+    );
 }
 
 #[test]
