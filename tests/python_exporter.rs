@@ -37,6 +37,16 @@ fn python() -> Option<String> {
 }
 
 async fn export(python: &str, transport: &str, endpoint: String) -> String {
+    export_with(python, transport, endpoint, None).await
+}
+
+/// Runs export.py; with `ca_cert`, over TLS trusting that certificate.
+async fn export_with(
+    python: &str,
+    transport: &str,
+    endpoint: String,
+    ca_cert: Option<String>,
+) -> String {
     let python = python.to_string();
     let transport = transport.to_string();
     let output = tokio::task::spawn_blocking(move || {
@@ -46,6 +56,10 @@ async fn export(python: &str, transport: &str, endpoint: String) -> String {
                 "/tests/python/export.py"
             ))
             .args([transport, endpoint])
+            .args(ca_cert)
+            // requests lets these take precedence over the exporter's certificate_file.
+            .env_remove("REQUESTS_CA_BUNDLE")
+            .env_remove("CURL_CA_BUNDLE")
             .output()
             .expect("python runs")
     })
@@ -91,4 +105,42 @@ async fn python_grpc_and_http_exporters_are_received() {
         }
         server.shutdown().await;
     }
+}
+
+/// The Python exporters over TLS (`--tls-cert`): gRPC through grpc-core, which insists on
+/// ALPN h2, and HTTP through requests, each trusting only the server's certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_exporters_speak_tls() {
+    let Some(python) = python() else { return };
+    let db = TestDb::sqlite();
+    let dir = tempfile::tempdir().unwrap();
+    common::write_certificate(dir.path());
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let server = start(
+        &db,
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let ca = Some(cert.to_str().unwrap().to_string());
+    let grpc = format!("https://localhost:{}", server.otlp_grpc_addr.port());
+    let http = format!(
+        "https://localhost:{}/v1/traces",
+        server.otlp_http_addr.port()
+    );
+    let mut stored = 0;
+    for (transport, endpoint) in [("grpc", grpc), ("http", http)] {
+        let trace_id = export_with(&python, transport, endpoint, ca.clone()).await;
+        stored += 2;
+        assert_eq!(
+            server.store.span_count().await.unwrap(),
+            stored,
+            "python {transport} over TLS: trace {trace_id} not stored"
+        );
+    }
+    server.shutdown().await;
 }

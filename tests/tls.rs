@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{TestDb, checkout_a_minute_ago, otlp_request, start};
+use common::{TestDb, checkout_a_minute_ago, otlp_request, start, write_certificate};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -17,15 +17,6 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
-
-/// A self-signed certificate for localhost and 127.0.0.1, written as PEM files.
-fn write_certificate(dir: &Path) -> CertificateDer<'static> {
-    let generated =
-        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-    std::fs::write(dir.join("cert.pem"), generated.cert.pem()).unwrap();
-    std::fs::write(dir.join("key.pem"), generated.signing_key.serialize_pem()).unwrap();
-    generated.cert.der().clone()
-}
 
 /// A TLS connection to `addr` that trusts only `root`, offering `alpn`.
 async fn connect(

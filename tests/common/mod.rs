@@ -438,3 +438,13 @@ pub fn bulk_spans(batch: u32, tag: u128, padding: &str) -> Vec<Span> {
 pub fn file_size(path: &str) -> u64 {
     std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
 }
+
+/// A self-signed certificate for localhost and 127.0.0.1, written as `cert.pem` and
+/// `key.pem` in `dir`; returns the certificate for clients to trust.
+pub fn write_certificate(dir: &std::path::Path) -> rustls::pki_types::CertificateDer<'static> {
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    std::fs::write(dir.join("cert.pem"), generated.cert.pem()).unwrap();
+    std::fs::write(dir.join("key.pem"), generated.signing_key.serialize_pem()).unwrap();
+    generated.cert.der().clone()
+}
