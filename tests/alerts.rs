@@ -453,12 +453,20 @@ async fn pending_notifications_survive_a_restart() {
     // A notification queued while its receiver is down is delivered by the next process.
     let db = TestDb::sqlite();
     let dir = tempfile::tempdir().unwrap();
-    // Nothing listens on this port yet: every attempt fails and the notification waits.
-    let port = {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let hook_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // The receiver's port is held from the start, so no other process can take it: at
+    // first every connection is closed unanswered (the receiver is down, each attempt
+    // fails and the notification waits), then the same listener serves the receiver.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_addr: SocketAddr = listener.local_addr().unwrap();
+    let (up, mut down) = tokio::sync::oneshot::channel::<()>();
+    let refusing = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = &mut down => return listener,
+                accepted = listener.accept() => drop(accepted),
+            }
+        }
+    });
     let rules = rules_file(dir.path(), hook_addr);
     let flags = fast_alerts(&rules);
     let server = start(&db, &flags).await;
@@ -473,7 +481,8 @@ async fn pending_notifications_survive_a_restart() {
     server.shutdown().await;
 
     // The receiver comes up on that port, and a new process delivers what was queued.
-    let listener = tokio::net::TcpListener::bind(hook_addr).await.unwrap();
+    up.send(()).unwrap();
+    let listener = refusing.await.unwrap();
     let hook = Hook::default();
     let app = axum::Router::new()
         .route("/hook", axum::routing::post(receive))

@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 
 use common::{TestDb, checkout_a_minute_ago, otlp_request, start, write_certificate};

@@ -71,6 +71,11 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status it answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// What the client is told.
     pub fn message(&self) -> &str {
         &self.message

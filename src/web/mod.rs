@@ -10,6 +10,7 @@ mod assets;
 pub mod charts;
 pub mod error;
 pub mod hops;
+pub mod jaeger;
 pub mod pages;
 pub mod search;
 
@@ -135,6 +136,14 @@ pub fn app(state: AppState) -> Router {
         .route("/api/alerts/history", get(alerts::history))
         .route("/api/alerts/notifications", get(alerts::notifications))
         .route("/api/status", get(api::status))
+        .route("/jaeger/api/services", get(jaeger::services))
+        .route(
+            "/jaeger/api/services/{service}/operations",
+            get(jaeger::service_operations),
+        )
+        .route("/jaeger/api/operations", get(jaeger::operations))
+        .route("/jaeger/api/traces", get(jaeger::search))
+        .route("/jaeger/api/traces/{trace_id}", get(jaeger::trace))
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
         .route("/", get(pages::overview::overview))
