@@ -114,19 +114,8 @@ async fn python_exporters_speak_tls() {
     let Some(python) = python() else { return };
     let db = TestDb::sqlite();
     let dir = tempfile::tempdir().unwrap();
-    common::write_certificate(dir.path());
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let server = start(
-        &db,
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    )
-    .await;
-    let ca = Some(cert.to_str().unwrap().to_string());
+    let (server, _) = common::start_with_tls(&db, dir.path()).await;
+    let ca = Some(dir.path().join("cert.pem").to_str().unwrap().to_string());
     let grpc = format!("https://localhost:{}", server.otlp_grpc_addr.port());
     let http = format!(
         "https://localhost:{}/v1/traces",

@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::{TestDb, checkout_a_minute_ago, otlp_request, start, write_certificate};
+use common::{TestDb, checkout_a_minute_ago, otlp_request, write_certificate};
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
@@ -68,18 +68,8 @@ async fn request(
 async fn every_listener_speaks_tls_with_the_given_certificate() {
     let db = TestDb::sqlite();
     let dir = tempfile::tempdir().unwrap();
-    let root = write_certificate(dir.path());
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    let server = start(
-        &db,
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-    )
-    .await;
+    let (server, root) = common::start_with_tls(&db, dir.path()).await;
+    let key = dir.path().join("key.pem");
 
     // OTLP/HTTP and the API over HTTPS.
     let spans = checkout_a_minute_ago();

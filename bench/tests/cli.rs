@@ -86,25 +86,27 @@ fn bench_ingest_runs_and_checks_stored_equals_sent() {
     }
 }
 
+/// A sustained run of 8,000 spans in 4 s, with a 1-s quiet period.
+const SHORT_SUSTAINED: [&str; 12] = [
+    "--rate",
+    "2000",
+    "--seconds",
+    "4",
+    "--hops",
+    "2-6",
+    "--batch",
+    "100",
+    "--quiet-period",
+    "1s",
+    "--drain",
+    "60",
+];
+
 /// A short sustained run: the load goes through, the analyzer drains after it, every
 /// acknowledged span is stored, and the lag curve is printed.
 #[test]
 fn bench_sustained_reports_the_analysis_lag_and_drains() {
-    let (ok, stdout, stderr) = run(&[
-        "sustained",
-        "--rate",
-        "2000",
-        "--seconds",
-        "4",
-        "--hops",
-        "2-6",
-        "--batch",
-        "100",
-        "--quiet-period",
-        "1s",
-        "--drain",
-        "60",
-    ]);
+    let (ok, stdout, stderr) = run(&[&["sustained"][..], &SHORT_SUSTAINED].concat());
     assert!(ok, "{stderr}");
     assert!(
         stdout.contains("| spans sent (acknowledged) / stored after shutdown | 8000 / 8000 |"),
@@ -149,24 +151,10 @@ fn bench_sustained_checks_several_servers_count_each_trace_once() {
         }
     };
     let (ok, stdout, stderr) = run(&[
-        "sustained",
-        "--db",
-        &url,
-        "--servers",
-        "2",
-        "--rate",
-        "2000",
-        "--seconds",
-        "4",
-        "--hops",
-        "2-6",
-        "--batch",
-        "100",
-        "--quiet-period",
-        "1s",
-        "--drain",
-        "60",
-    ]);
+        &["sustained", "--db", &url, "--servers", "2"][..],
+        &SHORT_SUSTAINED,
+    ]
+    .concat());
     assert!(ok, "{stderr}");
     assert!(stdout.contains("postgres, 2 server(s)"), "{stdout}");
     assert!(

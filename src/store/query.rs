@@ -20,6 +20,26 @@ pub struct AttrFilter {
     pub value: AttrOperand,
 }
 
+impl AttrFilter {
+    /// `key OP value`, the value numeric when it reads as a finite number, else text; `None`
+    /// when the key is empty or holds a `"` (keys are matched inside stored JSON).
+    pub fn new(key: &str, op: AttrOp, value: &str) -> Option<AttrFilter> {
+        let key = key.trim();
+        if key.is_empty() || key.contains('"') {
+            return None;
+        }
+        let value = value.trim();
+        Some(AttrFilter {
+            key: key.to_string(),
+            op,
+            value: match value.parse::<f64>() {
+                Ok(n) if n.is_finite() => AttrOperand::Number(n),
+                _ => AttrOperand::Text(value.to_string()),
+            },
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttrOp {
     Eq,

@@ -22,9 +22,9 @@ use super::AppState;
 use super::api::parse_trace_id;
 use super::error::ApiError;
 use super::search::MAX_LIMIT;
-use crate::analyze::{Analysis, AnalyzeOptions, Row, analyze};
+use crate::analyze::{Analysis, AnalyzeOptions, Row, analyze, hops};
 use crate::model::{AttrValue, Attributes, Span, SpanKind, StatusCode as SpanStatus, TraceId};
-use crate::store::query::{AttrFilter, AttrOp, AttrOperand, TraceQuery};
+use crate::store::query::{AttrFilter, AttrOp, TraceQuery};
 
 /// Traces a search answers by default, as Jaeger's UI asks.
 const DEFAULT_LIMIT: u32 = 20;
@@ -153,17 +153,21 @@ pub async fn search(
         .search_traces(&query)
         .await
         .map_err(ApiError::from)?;
-    let mut traces = Vec::with_capacity(summaries.len());
-    for summary in summaries {
-        let spans = state
-            .store
-            .trace(summary.trace_id)
-            .await
-            .map_err(ApiError::from)?;
-        if !spans.is_empty() {
-            traces.push((summary.trace_id, spans));
-        }
-    }
+    // One read for all the traces, answered in the search's order (newest first).
+    let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
+    let mut by_trace = if ids.is_empty() {
+        Default::default()
+    } else {
+        hops::by_trace(state.store.traces(&ids).await.map_err(ApiError::from)?)
+    };
+    let traces = ids
+        .iter()
+        .filter_map(|id| {
+            let mut spans = by_trace.remove(id)?;
+            spans.sort_by_key(|s| s.start_unix_nano);
+            Some((*id, spans))
+        })
+        .collect();
     let traces = translate(traces, &state).await?;
     let total = traces.len();
     Ok(envelope(Value::Array(traces), total))
@@ -275,20 +279,10 @@ fn parse_tags(key: &str, value: &str) -> Result<Vec<AttrFilter>, JaegerError> {
     pairs
         .into_iter()
         .map(|(k, v)| {
-            let k = k.trim();
-            if k.is_empty() || k.contains('"') {
-                return Err(JaegerError::bad(format!(
+            AttrFilter::new(&k, AttrOp::Eq, &v).ok_or_else(|| {
+                JaegerError::bad(format!(
                     "parameter '{key}': a tag key must be non-empty and contain no '\"'"
-                )));
-            }
-            let v = v.trim();
-            Ok(AttrFilter {
-                key: k.to_string(),
-                op: AttrOp::Eq,
-                value: match v.parse::<f64>() {
-                    Ok(n) if n.is_finite() => AttrOperand::Number(n),
-                    _ => AttrOperand::Text(v.to_string()),
-                },
+                ))
             })
         })
         .collect()
@@ -507,8 +501,7 @@ fn tags(attributes: &Attributes) -> Vec<Value> {
             }),
             AttrValue::Empty => typed(key, json!("")),
             AttrValue::Array(_) | AttrValue::Map(_) => {
-                let text = crate::codec::attributes_to_json(&vec![(key.clone(), value.clone())]);
-                typed(key, json!(text[key.as_str()].to_string()))
+                typed(key, json!(crate::codec::value_to_json(value).to_string()))
             }
         })
         .collect()
@@ -528,6 +521,7 @@ fn typed(key: &str, value: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::query::AttrOperand;
 
     fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

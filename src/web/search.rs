@@ -11,7 +11,7 @@ use super::AppState;
 use super::error::ApiError;
 use crate::analyze::summary::TraceSummary;
 use crate::analyze::{Flag, Outcome};
-use crate::store::query::{AttrFilter, AttrOp, AttrOperand, Cursor, TraceQuery};
+use crate::store::query::{AttrFilter, AttrOp, Cursor, TraceQuery};
 
 pub const DEFAULT_LIMIT: u32 = 20;
 pub const MAX_LIMIT: u32 = 1000;
@@ -226,27 +226,14 @@ pub fn parse_attr(text: &str) -> Result<AttrFilter, String> {
     .into_iter()
     .find_map(|(token, op)| rest.strip_prefix(token).map(|value| (op, value)))
     .ok_or_else(|| format!("{text:?}: the operator must be one of = != < <= > >="))?;
-    let key = key.trim();
-    if key.is_empty() || key.contains('"') {
-        return Err(format!(
-            "{text:?}: the attribute key must be non-empty and contain no '\"'"
-        ));
-    }
-    let value = value.trim();
-    let value = match value.parse::<f64>() {
-        Ok(n) if n.is_finite() => AttrOperand::Number(n),
-        _ => AttrOperand::Text(value.to_string()),
-    };
-    Ok(AttrFilter {
-        key: key.to_string(),
-        op,
-        value,
-    })
+    AttrFilter::new(key, op, value)
+        .ok_or_else(|| format!("{text:?}: the attribute key must be non-empty and contain no '\"'"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::query::AttrOperand;
 
     fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs

@@ -448,3 +448,20 @@ pub fn write_certificate(dir: &std::path::Path) -> rustls::pki_types::Certificat
     std::fs::write(dir.join("key.pem"), generated.signing_key.serialize_pem()).unwrap();
     generated.cert.der().clone()
 }
+
+/// A server whose listeners speak TLS with a new self-signed certificate written in `dir`
+/// (`cert.pem`, `key.pem`), and that certificate for clients to trust.
+pub async fn start_with_tls(
+    db: &TestDb,
+    dir: &std::path::Path,
+) -> (RunningServer, rustls::pki_types::CertificateDer<'static>) {
+    let root = write_certificate(dir);
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let flags = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    (start(db, &flags).await, root)
+}
