@@ -324,8 +324,16 @@ fn origin_reason(facts: &Facts, h: usize, drafts: &[Draft], below: &[bool]) -> O
             ));
         }
     }
+    // Waiting until within τ of the deadline counts as waiting at it: a caller that gives
+    // up on its callee just before its deadline (keeping a reserve to answer) only passes
+    // the callee's exceed on.
+    let waited_near = facts.owned_calls[h].iter().any(|&c| {
+        facts.has_child_hop(c)
+            && tree.start_ms[c] <= deadline + tau
+            && deadline - tau <= tree.end_ms[c]
+    });
     let end_to_deadline = tree.end_ms[h] - deadline;
-    if waited_on.is_empty() && is_deadline_class(&facts.spans[h]) && end_to_deadline.abs() <= tau {
+    if !waited_near && is_deadline_class(&facts.spans[h]) && end_to_deadline.abs() <= tau {
         return Some(format!(
             "cancelled at its deadline (ended {} ms {} it, with a deadline status)",
             fmt_ms(end_to_deadline.abs()),

@@ -608,6 +608,28 @@ edge server "GET /checkout" 0 320 budget=400 http-status=504
 }
 
 #[test]
+fn a_caller_that_gives_up_just_before_its_deadline_passes_the_exceed_on() {
+    // Each hop forwards what it has left minus a 10 ms reserve and stops waiting when that
+    // runs out: inventory is cancelled at its deadline; orders and edge answer 504 a few ms
+    // before theirs, within τ, and are not origins.
+    let spans = parse(
+        r#"
+edge server "GET /checkout" 0 985 budget=1000 http-status=504
+  edge client "orders" 10 974 budget=980
+    orders server "POST /orders" 11 972 budget=979 http-status=504
+      orders client "inventory" 25 955 budget=955
+        inventory server "GET /stock" 26 956 budget=954 http-status=504
+"#,
+    );
+    let analysis = run(&spans);
+    assert_eq!(analysis.outcome, Outcome::Exceeded);
+    assert_eq!(exceed_reason(&spans, "GET /stock").0, Some(Exceed::Local));
+    assert_eq!(exceed_reason(&spans, "POST /orders").0, None);
+    assert_eq!(exceed_reason(&spans, "GET /checkout").0, None);
+    assert_eq!(analysis.origins.len(), 1, "{:?}", analysis.origins);
+}
+
+#[test]
 fn time_lost_between_a_caller_and_a_callee_that_answered_in_time_is_the_callers() {
     // orders starts 390 ms after edge called it (a queue, a proxy) and answers within the
     // 300 ms it was given: nothing downstream exceeded, so edge holds the exceed.
