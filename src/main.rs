@@ -56,7 +56,8 @@ enum Command {
     Serve(budgetscope::config::ServeArgs),
     /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
     Analyze(budgetscope::offline::AnalyzeArgs),
-    /// Send generated multi-hop traces with budgets to a running server, to try the UI.
+    /// Start a server and a live shop of instrumented services that make every budget
+    /// mistake, to try budgetscope; with --endpoint, send generated traces to a running server.
     Demo(budgetscope::demo::DemoArgs),
     /// Work with alert rules files.
     #[command(subcommand)]
@@ -94,7 +95,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Analyze(args) => budgetscope::offline::run(args),
-            Command::Demo(args) => budgetscope::demo::run(args).await,
+            Command::Demo(args) => budgetscope::demo::run(args, shutdown_signal()?).await,
             Command::Rules(RulesCommand::Check { file }) => rules_check(&file),
         }
     });
