@@ -153,6 +153,7 @@ pub fn app(state: AppState) -> Router {
         .route("/traces/{trace_id}/rows", get(pages::trace::rows))
         .route("/hops/{service}/{operation}", get(pages::hop::hop))
         .route("/help/budget-semantics", get(pages::help::budget_semantics))
+        .route("/help/instrument", get(pages::help::instrument))
         .route("/alerts", get(pages::alerts::alerts))
         .route(
             "/alerts/rules/new",

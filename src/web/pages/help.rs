@@ -1,6 +1,7 @@
-//! `/help/budget-semantics`: docs/budget-semantics.md, compiled into the binary and shown
-//! as a page, so that every flag badge can link to its meaning (`#FLAG`) and the guide
-//! the README links is the one the server shows.
+//! `/help/budget-semantics` and `/help/instrument`: docs/budget-semantics.md and
+//! docs/instrument.md, compiled into the binary and shown as pages, so that every flag
+//! badge can link to its meaning (`#FLAG`) and the guides the README links are the ones
+//! the server shows. Links between the guides (`instrument.md`) become their pages.
 
 use askama::Template;
 use axum::http::StatusCode;
@@ -10,6 +11,7 @@ use pulldown_cmark::{Event, HeadingLevel, Options, Parser, Tag, TagEnd, html};
 use super::html as page;
 
 const GUIDE: &str = include_str!("../../../docs/budget-semantics.md");
+const INSTRUMENT: &str = include_str!("../../../docs/instrument.md");
 
 #[derive(Template)]
 #[template(path = "help.html")]
@@ -65,6 +67,25 @@ pub fn render(markdown: &str) -> (String, String) {
             i += 1;
             continue;
         }
+        if let Event::Start(Tag::Link {
+            link_type,
+            dest_url,
+            title,
+            id,
+        }) = &events[i]
+            && let Some(page) = dest_url
+                .strip_suffix(".md")
+                .filter(|name| !name.contains(['/', ':']))
+        {
+            out.push(Event::Start(Tag::Link {
+                link_type: *link_type,
+                dest_url: format!("/help/{page}").into(),
+                title: title.clone(),
+                id: id.clone(),
+            }));
+            i += 1;
+            continue;
+        }
         out.push(events[i].clone());
         i += 1;
     }
@@ -74,7 +95,15 @@ pub fn render(markdown: &str) -> (String, String) {
 }
 
 pub async fn budget_semantics() -> Response {
-    let (body, title) = render(GUIDE);
+    guide(GUIDE)
+}
+
+pub async fn instrument() -> Response {
+    guide(INSTRUMENT)
+}
+
+fn guide(markdown: &str) -> Response {
+    let (body, title) = render(markdown);
     page(
         StatusCode::OK,
         &HelpPage {
@@ -101,5 +130,16 @@ mod tests {
             body.contains("<h2 id=\"inherited-and-local-whose-page-is-it\">"),
             "{body}"
         );
+    }
+
+    #[test]
+    fn links_between_the_guides_open_their_pages() {
+        let (body, title) = render(INSTRUMENT);
+        assert_eq!(title, "Instrumenting a service for budgetscope");
+        assert!(body.contains("href=\"/help/budget-semantics\""), "{body}");
+        assert!(!body.contains(".md\""), "{body}");
+        let (body, _) = render("[x](https://example.com/a.md) [y](../README.md)");
+        assert!(body.contains("href=\"https://example.com/a.md\""), "{body}");
+        assert!(body.contains("href=\"../README.md\""), "{body}");
     }
 }
