@@ -6,7 +6,10 @@
 //! Architecture invariant: the services are clients like any exporter; the demo knows the
 //! server only through `server::start` and its addresses.
 
+mod billing;
 mod generated;
+mod http;
+mod service;
 mod shop;
 mod telemetry;
 mod traffic;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::shop::{BUDGET_HEADER, FAULT_HEADER, Fault};
+use super::service::{BUDGET_HEADER, FAULT_HEADER, Fault};
 
 /// What the load generator has seen so far.
 #[derive(Debug, Default)]

@@ -382,13 +382,17 @@ edge server "GET /checkout" 0 1540 budget=800
     inventory server "GET /stock" 25 1490 budget=5000
 "#,
     );
-    // Fixtures are dated 2023: retention would delete them.
+    a_minute_ago(&mut spans);
+    spans
+}
+
+/// Moves fixture spans (dated 2023, which retention would delete) to a minute ago.
+pub fn a_minute_ago(spans: &mut [Span]) {
     let shift = now_nanos() - 60_000_000_000 - budgetscope::analyze::fixture::BASE_UNIX_NANO;
-    for span in &mut spans {
+    for span in spans {
         span.start_unix_nano += shift;
         span.end_unix_nano += shift;
     }
-    spans
 }
 
 /// A span with no attributes, events or links, for store tests.
