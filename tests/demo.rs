@@ -234,3 +234,30 @@ fn demo_flags_of_the_two_modes_do_not_mix() {
         );
     }
 }
+
+#[test]
+fn a_port_in_use_is_explained_with_what_to_do() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let output = Command::new(BIN)
+        .args([
+            "demo",
+            "--otlp-grpc-addr",
+            &port,
+            "--otlp-http-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for hint in ["--otlp-grpc-addr", "demo --endpoint", &port] {
+        assert!(stderr.contains(hint), "{hint}: {stderr}");
+    }
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing is left behind: {left:?}");
+}

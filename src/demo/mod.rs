@@ -144,7 +144,9 @@ async fn live(args: &DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
     let config = serve.validate()?;
     let server = crate::server::start(&config).await.context(
         "the demo's server did not start; if another budgetscope uses these ports, give the \
-         demo others (--otlp-grpc-addr, --otlp-http-addr, --http-addr)",
+         demo others (--otlp-grpc-addr, --otlp-http-addr, --http-addr), or send generated \
+         traces to the running one with `budgetscope demo --endpoint \
+         http://127.0.0.1:4318/v1/traces`",
     )?;
     let otlp_http = format!("http://{}", dial(server.otlp_http_addr));
     let otlp_grpc = format!("http://{}", dial(server.otlp_grpc_addr));
