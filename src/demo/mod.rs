@@ -141,6 +141,14 @@ async fn live(args: &DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         "3s",
     ])
     .context("the demo's server settings")?;
+    // The shop's exporters send plain OTLP without a token: settings for `serve` left in
+    // the environment (BUDGETSCOPE_OTLP_TOKENS, BUDGETSCOPE_TLS_*) must not lock them out.
+    let serve = ServeArgs {
+        otlp_tokens: None,
+        tls_cert: None,
+        tls_key: None,
+        ..serve
+    };
     let config = serve.validate()?;
     let server = crate::server::start(&config).await.context(
         "the demo's server did not start; if another budgetscope uses these ports, give the \
