@@ -12,6 +12,7 @@ use clap::Args;
 
 use crate::budget::DEFAULT_BUDGET_KEYS;
 use crate::memory;
+use crate::receive::deadline_metrics::MetricNames;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
@@ -52,6 +53,38 @@ pub struct ServeArgs {
         default_values_t = DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect::<Vec<_>>()
     )]
     pub budget_keys: Vec<String>,
+
+    /// Name of the histogram of the budget each hop received (OTLP metrics; in ms or s).
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_METRIC_RECEIVED",
+        default_value = "deadline.budget_received"
+    )]
+    pub metric_received: String,
+
+    /// Name of the histogram of the budget left when each hop answered (OTLP metrics).
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_METRIC_REMAINING",
+        default_value = "deadline.budget_remaining"
+    )]
+    pub metric_remaining: String,
+
+    /// Name of the counter of requests that ran out of budget (OTLP metrics).
+    #[arg(
+        long,
+        env = "BUDGETSCOPE_METRIC_EXCEEDED",
+        default_value = "deadline.exceeded"
+    )]
+    pub metric_exceeded: String,
+
+    /// Attribute of the deadline metrics naming the hop (the operation, as spans name it).
+    #[arg(long, env = "BUDGETSCOPE_METRIC_HOP_KEY", default_value = "hop")]
+    pub metric_hop_key: String,
+
+    /// Attribute of the exceeded counter saying whose deadline ran out: local or inherited.
+    #[arg(long, env = "BUDGETSCOPE_METRIC_ORIGIN_KEY", default_value = "origin")]
+    pub metric_origin_key: String,
 
     /// Tolerance in milliseconds under which budget differences are never flagged.
     #[arg(
@@ -179,6 +212,7 @@ pub struct ServeConfig {
     pub http_addr: SocketAddr,
     pub db: DbUrl,
     pub budget_keys: Vec<String>,
+    pub metric_names: MetricNames,
     pub tolerance_ms: f64,
     pub max_request_bytes: usize,
     pub retention: Duration,
@@ -270,6 +304,43 @@ impl ServeArgs {
                 "name at least one attribute key",
             ));
         }
+        let metric_names = {
+            let name = |flag: &'static str, env: &'static str, value: &str| {
+                let value = value.trim();
+                if value.is_empty() {
+                    Err(invalid(flag, env, "", "name a metric or attribute"))
+                } else {
+                    Ok(value.to_string())
+                }
+            };
+            MetricNames {
+                received: name(
+                    "metric-received",
+                    "BUDGETSCOPE_METRIC_RECEIVED",
+                    &self.metric_received,
+                )?,
+                remaining: name(
+                    "metric-remaining",
+                    "BUDGETSCOPE_METRIC_REMAINING",
+                    &self.metric_remaining,
+                )?,
+                exceeded: name(
+                    "metric-exceeded",
+                    "BUDGETSCOPE_METRIC_EXCEEDED",
+                    &self.metric_exceeded,
+                )?,
+                hop_key: name(
+                    "metric-hop-key",
+                    "BUDGETSCOPE_METRIC_HOP_KEY",
+                    &self.metric_hop_key,
+                )?,
+                origin_key: name(
+                    "metric-origin-key",
+                    "BUDGETSCOPE_METRIC_ORIGIN_KEY",
+                    &self.metric_origin_key,
+                )?,
+            }
+        };
         if !(self.tolerance_ms.is_finite() && self.tolerance_ms >= 0.0) {
             return Err(invalid(
                 "tolerance-ms",
@@ -473,6 +544,7 @@ impl ServeArgs {
             http_addr,
             db,
             budget_keys,
+            metric_names,
             tolerance_ms: self.tolerance_ms,
             max_request_bytes,
             retention,

@@ -83,6 +83,10 @@ pub struct Metrics {
     pub spans_rejected: Counter,
     pub spans_refused: Counter,
     pub spans_stored: Counter,
+    /// Data points of the deadline metrics stored, and left out (unreadable), by the OTLP
+    /// metrics receivers.
+    pub metric_points_stored: Counter,
+    pub metric_points_rejected: Counter,
     pub traces_analysed: Counter,
     /// Of `traces_analysed`, those whose spans were all held in memory (not read back).
     pub traces_analysed_from_memory: Counter,
@@ -107,6 +111,8 @@ impl Default for Metrics {
             spans_rejected: Counter::default(),
             spans_refused: Counter::default(),
             spans_stored: Counter::default(),
+            metric_points_stored: Counter::default(),
+            metric_points_rejected: Counter::default(),
             traces_analysed: Counter::default(),
             traces_analysed_from_memory: Counter::default(),
             alert_evaluations: Counter::default(),
@@ -255,6 +261,16 @@ impl Metrics {
             "spans_stored",
             "Spans committed to the database",
             self.spans_stored.clone(),
+        );
+        registry.register(
+            "deadline_metric_points_stored",
+            "Data points of the deadline metrics (OTLP metrics) stored",
+            self.metric_points_stored.clone(),
+        );
+        registry.register(
+            "deadline_metric_points_rejected",
+            "Data points of the deadline metrics left out as unreadable (partial_success says why)",
+            self.metric_points_rejected.clone(),
         );
         registry.register(
             "traces_analysed",

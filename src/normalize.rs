@@ -261,6 +261,28 @@ fn convert_span(
     }
 }
 
+/// A service or operation name as spans store it (NULs replaced, cut to `MAX_NAME_CHARS`):
+/// names from other signals (the deadline metrics) go through it so they match the spans'.
+pub fn stored_name(text: &str) -> String {
+    let mut ignored = Vec::new();
+    cut_name(without_nul(text.to_string(), &mut ignored), &mut ignored)
+}
+
+/// The service a resource names (`service.name`), as spans store it.
+pub fn resource_service(
+    resource: Option<&opentelemetry_proto::tonic::resource::v1::Resource>,
+) -> String {
+    let name = resource
+        .into_iter()
+        .flat_map(|r| &r.attributes)
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(name) if !name.is_empty() => Some(name.as_str()),
+            _ => None,
+        });
+    name.map_or_else(|| UNKNOWN_SERVICE.to_string(), stored_name)
+}
+
 /// Cuts a name to `MAX_NAME_CHARS` characters, noting it once.
 fn cut_name(text: String, warnings: &mut Vec<String>) -> String {
     match text.char_indices().nth(MAX_NAME_CHARS) {

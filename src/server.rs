@@ -25,7 +25,7 @@ use crate::listen::{self, Limits};
 use crate::memory::MemoryBudget;
 use crate::metrics::Metrics;
 use crate::normalize::NormalizeOptions;
-use crate::receive::{self, Receiver};
+use crate::receive::{self, Receiver, ReceiverParts};
 use crate::recent::Recent;
 use crate::status::{self, Monitor};
 use crate::store::{self, Store};
@@ -140,15 +140,17 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     let metrics = Arc::new(Metrics::default());
     let memory = MemoryBudget::for_limit(config.memory_limit);
     let recent = Recent::new(&memory);
-    let receiver = Receiver::new(
-        ingestor.clone(),
-        NormalizeOptions {
+    let receiver = Receiver::new(ReceiverParts {
+        ingestor: ingestor.clone(),
+        store: store.clone(),
+        options: NormalizeOptions {
             budget_keys: config.budget_keys.clone(),
         },
-        metrics.clone(),
-        memory.clone(),
-        recent.clone(),
-    );
+        metric_names: config.metric_names.clone(),
+        metrics: metrics.clone(),
+        memory: memory.clone(),
+        recent: recent.clone(),
+    });
 
     let stop_accepting = CancellationToken::new();
     let open_files = listen::raise_open_files_limit();

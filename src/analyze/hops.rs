@@ -223,6 +223,47 @@ pub struct Rollup {
     pub budget: Histogram,
     pub burn: Histogram,
     pub self_ms: Histogram,
+    /// What the hop's own deadline metrics reported (every request, not only sampled
+    /// traces); never derived from spans, read beside the rollups (`Store::reported`).
+    pub reported: Reported,
+}
+
+/// A hop's deadline metrics over some minutes, as exported over OTLP metrics: the
+/// `deadline.exceeded` counter by origin and the `deadline.budget_received` and
+/// `deadline.budget_remaining` histograms' counts and sums (milliseconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reported {
+    pub local_exceeds: i64,
+    pub inherited_exceeds: i64,
+    pub received_count: i64,
+    pub received_sum_ms: f64,
+    pub remaining_count: i64,
+    pub remaining_sum_ms: f64,
+}
+
+impl Reported {
+    pub fn merge(&mut self, other: &Reported, weight: i64) {
+        self.local_exceeds += weight * other.local_exceeds;
+        self.inherited_exceeds += weight * other.inherited_exceeds;
+        self.received_count += weight * other.received_count;
+        self.received_sum_ms += weight as f64 * other.received_sum_ms;
+        self.remaining_count += weight * other.remaining_count;
+        self.remaining_sum_ms += weight as f64 * other.remaining_sum_ms;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Reported::default()
+    }
+
+    /// Mean budget received, in milliseconds.
+    pub fn received_mean_ms(&self) -> Option<f64> {
+        (self.received_count > 0).then(|| self.received_sum_ms / self.received_count as f64)
+    }
+
+    /// Mean budget left when the hop answered, in milliseconds.
+    pub fn remaining_mean_ms(&self) -> Option<f64> {
+        (self.remaining_count > 0).then(|| self.remaining_sum_ms / self.remaining_count as f64)
+    }
 }
 
 impl Rollup {
@@ -250,6 +291,7 @@ impl Rollup {
         self.budget.merge(&other.budget);
         self.burn.merge(&other.burn);
         self.self_ms.merge(&other.self_ms);
+        self.reported.merge(&other.reported, 1);
     }
 
     /// Takes `other` back out: the inverse of `merge` (a sliding window's oldest minute).
@@ -262,6 +304,7 @@ impl Rollup {
         self.budget.unmerge(&other.budget);
         self.burn.unmerge(&other.burn);
         self.self_ms.unmerge(&other.self_ms);
+        self.reported.merge(&other.reported, -1);
     }
 
     pub fn count(&self, name: &str) -> i64 {

@@ -1,9 +1,11 @@
-//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export`.
+//! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export` and
+//! `opentelemetry.proto.collector.metrics.v1.MetricsService/Export`.
 //!
-//! Hand-written rather than the generated `TraceServiceServer` so that requests decode
-//! with `lenient::decode_request`: a span name that is not UTF-8 is repaired and flagged
-//! instead of failing the whole request. It answers exactly as the generated server would
-//! otherwise (same path, codec, compression and size handling; UNIMPLEMENTED elsewhere).
+//! Hand-written rather than the generated servers so that trace requests decode with
+//! `lenient::decode_request` (a span name that is not UTF-8 is repaired and flagged instead
+//! of failing the whole request) and both services share one set of limits. It answers
+//! exactly as the generated servers would otherwise (same paths, codec, compression and
+//! size handling; UNIMPLEMENTED elsewhere).
 //!
 //! gzip and uncompressed requests are accepted. Status codes follow the OTLP
 //! specification: permanent failures never carry a code exporters retry. A request over
@@ -18,6 +20,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -32,7 +37,8 @@ use super::{BodyMemory, RETRY_AFTER, Receiver, refusal_message};
 use crate::auth::Tokens;
 use crate::ingest::IngestError;
 
-const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+const TRACES_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+const METRICS_PATH: &str = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export";
 
 /// The tonic service, ready to add to a `tonic::transport::Server`.
 #[derive(Clone)]
@@ -58,8 +64,75 @@ impl tonic::server::NamedService for GrpcReceiver {
     const NAME: &'static str = "opentelemetry.proto.collector.trace.v1.TraceService";
 }
 
+/// One of the export services: its messages, how its requests decode, and what it does.
+trait Signal: Send + 'static {
+    type Request: Send + 'static;
+    type Response: prost::Message + Default + Send + 'static;
+    fn decode(body: bytes::Bytes) -> Result<Self::Request, Status>;
+    fn export(
+        receiver: Arc<Receiver>,
+        request: Self::Request,
+    ) -> BoxFuture<Self::Response, IngestError>;
+}
+
+struct Traces;
+struct Metrics;
+
+impl Signal for Traces {
+    /// An export request as `lenient::decode_request` returns it.
+    type Request = (ExportTraceServiceRequest, bool);
+    type Response = ExportTraceServiceResponse;
+
+    fn decode(body: bytes::Bytes) -> Result<Self::Request, Status> {
+        // Permanent: the same bytes never decode.
+        decode_request(body).map_err(|error| {
+            Status::invalid_argument(format!(
+                "the request is not a valid ExportTraceServiceRequest: {error}"
+            ))
+        })
+    }
+
+    fn export(
+        receiver: Arc<Receiver>,
+        (request, repaired): Self::Request,
+    ) -> BoxFuture<Self::Response, IngestError> {
+        Box::pin(async move {
+            receiver
+                .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
+                .await
+                .map(super::Accepted::into_response)
+        })
+    }
+}
+
+impl Signal for Metrics {
+    type Request = ExportMetricsServiceRequest;
+    type Response = ExportMetricsServiceResponse;
+
+    fn decode(body: bytes::Bytes) -> Result<Self::Request, Status> {
+        use prost::Message as _;
+        ExportMetricsServiceRequest::decode(body).map_err(|error| {
+            Status::invalid_argument(format!(
+                "the request is not a valid ExportMetricsServiceRequest: {error}"
+            ))
+        })
+    }
+
+    fn export(
+        receiver: Arc<Receiver>,
+        request: Self::Request,
+    ) -> BoxFuture<Self::Response, IngestError> {
+        Box::pin(async move {
+            receiver
+                .export_metrics(request)
+                .await
+                .map(super::MetricsAccepted::into_response)
+        })
+    }
+}
+
 /// The export service of one request, holding the request's memory until it is answered.
-struct Export(Arc<Receiver>, Memory);
+struct Export<S>(Arc<Receiver>, Memory, std::marker::PhantomData<S>);
 
 /// A request's share of the memory budget, grown by its body (`Reserving`) and its
 /// decoder, and held until its spans are committed.
@@ -125,26 +198,25 @@ fn lock(memory: &Memory) -> std::sync::MutexGuard<'_, BodyMemory> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// An export request as `lenient::decode_request` returns it.
-type Decoded = (ExportTraceServiceRequest, bool);
-
-/// tonic's prost codec, decoding with `lenient::decode_request` once the request's memory
+/// tonic's prost codec, decoding with the signal's decoder once the request's memory
 /// has room for the decoded message.
-struct ExportCodec {
+struct ExportCodec<S> {
     memory: Memory,
     compressed: bool,
+    signal: std::marker::PhantomData<S>,
 }
 
-struct ExportDecoder {
+struct ExportDecoder<S> {
     memory: Memory,
     compressed: bool,
+    signal: std::marker::PhantomData<S>,
 }
 
-impl tonic::codec::Codec for ExportCodec {
-    type Encode = ExportTraceServiceResponse;
-    type Decode = Decoded;
-    type Encoder = tonic_prost::ProstEncoder<ExportTraceServiceResponse>;
-    type Decoder = ExportDecoder;
+impl<S: Signal> tonic::codec::Codec for ExportCodec<S> {
+    type Encode = S::Response;
+    type Decode = S::Request;
+    type Encoder = tonic_prost::ProstEncoder<S::Response>;
+    type Decoder = ExportDecoder<S>;
 
     fn encoder(&mut self) -> Self::Encoder {
         tonic_prost::ProstEncoder::default()
@@ -154,45 +226,40 @@ impl tonic::codec::Codec for ExportCodec {
         ExportDecoder {
             memory: self.memory.clone(),
             compressed: self.compressed,
+            signal: std::marker::PhantomData,
         }
     }
 }
 
-impl tonic::codec::Decoder for ExportDecoder {
-    type Item = Decoded;
+impl<S: Signal> tonic::codec::Decoder for ExportDecoder<S> {
+    type Item = S::Request;
     type Error = Status;
 
-    fn decode(&mut self, buf: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Decoded>, Status> {
+    fn decode(
+        &mut self,
+        buf: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<S::Request>, Status> {
         use bytes::Buf as _;
         lock(&self.memory)
             .decoding(buf.remaining(), self.compressed)
             .map_err(|_| memory_refusal())?;
         // The message's bytes, without a copy (the buffer is tonic's `BytesMut`).
         let body = buf.copy_to_bytes(buf.remaining());
-        // Permanent: the same bytes never decode.
-        decode_request(body).map(Some).map_err(|error| {
-            Status::invalid_argument(format!(
-                "the request is not a valid ExportTraceServiceRequest: {error}"
-            ))
-        })
+        S::decode(body).map(Some)
     }
 }
 
-impl tonic::server::UnaryService<Decoded> for Export {
-    type Response = ExportTraceServiceResponse;
-    type Future = BoxFuture<Response<ExportTraceServiceResponse>, Status>;
+impl<S: Signal> tonic::server::UnaryService<S::Request> for Export<S> {
+    type Response = S::Response;
+    type Future = BoxFuture<Response<S::Response>, Status>;
 
-    fn call(&mut self, request: Request<Decoded>) -> Self::Future {
+    fn call(&mut self, request: Request<S::Request>) -> Self::Future {
         let receiver = self.0.clone();
         let memory = self.1.clone();
         Box::pin(async move {
             let _memory = memory;
-            let (request, repaired) = request.into_inner();
-            match receiver
-                .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
-                .await
-            {
-                Ok(accepted) => Ok(Response::new(accepted.into_response())),
+            match S::export(receiver, request.into_inner()).await {
+                Ok(response) => Ok(Response::new(response)),
                 Err(error) => Err(Status::with_error_details(
                     Code::Unavailable,
                     refusal_message(&error),
@@ -230,14 +297,30 @@ where
                 .into_http())
             });
         }
-        if request.uri().path() != EXPORT_PATH {
-            return Box::pin(async {
-                Ok(
-                    Status::unimplemented("budgetscope serves TraceService/Export only")
-                        .into_http(),
+        match request.uri().path() {
+            TRACES_PATH => self.unary::<Traces, B>(request),
+            METRICS_PATH => self.unary::<Metrics, B>(request),
+            _ => Box::pin(async {
+                Ok(Status::unimplemented(
+                    "budgetscope serves TraceService/Export and MetricsService/Export only",
                 )
-            });
+                .into_http())
+            }),
         }
+    }
+}
+
+impl GrpcReceiver {
+    /// Serves one export request of signal `S`, within the request size limit and the
+    /// memory budget.
+    fn unary<S: Signal, B>(
+        &self,
+        request: http::Request<B>,
+    ) -> BoxFuture<http::Response<tonic::body::Body>, Infallible>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Error: Into<StdError> + Send + 'static,
+    {
         let mut gzip = EnabledCompressionEncodings::default();
         gzip.enable(CompressionEncoding::Gzip);
         let memory: Memory = Arc::new(Mutex::new(self.receiver.body_memory()));
@@ -245,13 +328,18 @@ where
             .headers()
             .get("grpc-encoding")
             .is_some_and(|encoding| encoding != "identity");
-        let mut grpc = tonic::server::Grpc::new(ExportCodec {
+        let mut grpc = tonic::server::Grpc::new(ExportCodec::<S> {
             memory: memory.clone(),
             compressed,
+            signal: std::marker::PhantomData,
         })
         .apply_compression_config(gzip, gzip)
         .apply_max_message_size_config(Some(self.max_request_bytes), None);
-        let export = Export(self.receiver.clone(), memory.clone());
+        let export = Export::<S>(
+            self.receiver.clone(),
+            memory.clone(),
+            std::marker::PhantomData,
+        );
         let request = request.map(|body| Reserving {
             body: Box::pin(body),
             memory,

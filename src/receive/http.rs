@@ -1,5 +1,5 @@
-//! OTLP/HTTP: `POST /v1/traces` with `application/x-protobuf` or `application/json`,
-//! uncompressed or gzip.
+//! OTLP/HTTP: `POST /v1/traces` and `POST /v1/metrics` with `application/x-protobuf` or
+//! `application/json`, uncompressed or gzip; both share the token, size and memory checks.
 //!
 //! Statuses (OTLP specification): 200 with an `ExportTraceServiceResponse` (carrying
 //! `partial_success` when spans were rejected); 400 for a body that does not decode; 413
@@ -18,12 +18,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::BytesMut;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::lenient::decode_request;
-use super::{Accepted, RETRY_AFTER, Receiver, Rejection, refusal_message};
+use super::{
+    Accepted, BodyMemory, MetricsAccepted, RETRY_AFTER, Receiver, Rejection, refusal_message,
+};
 use crate::auth::Tokens;
 use crate::ingest::IngestError;
 
@@ -152,6 +155,7 @@ pub fn router(
     });
     let router = Router::new()
         .route("/v1/traces", post(export))
+        .route("/v1/metrics", post(export_metrics))
         // The handler enforces the limit itself, on the decompressed size too.
         .layer(DefaultBodyLimit::disable())
         .with_state(state);
@@ -182,11 +186,117 @@ async fn export(
     }
 }
 
+async fn export_metrics(
+    State(state): State<Arc<HttpReceiver>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match export_metrics_inner(&state, &headers, body).await {
+        Ok((format, accepted)) => metrics_success(format, accepted),
+        Err(error) => error.into_response(),
+    }
+}
+
 async fn export_inner(
     state: &HttpReceiver,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Format, Accepted), OtlpHttpError> {
+    let received = receive(state, headers, body).await?;
+    let format = received.format;
+    // Decompressing, decoding, normalising and encoding are CPU work: one task on the
+    // blocking pool, off the async workers, on one thread from body to rows.
+    let receiver = state.receiver.clone();
+    let (prepared, memory) = tokio::task::spawn_blocking(move || {
+        let (body, memory) = received.inflate()?;
+        let (request, lossy, rejected) = decode(body, format)?;
+        Ok((
+            receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected),
+            memory,
+        ))
+    })
+    .await
+    .map_err(|_| interrupted(format))??;
+    let accepted = state
+        .receiver
+        .commit(prepared.map_err(|e| refused(format, e))?)
+        .await
+        .map_err(|e| refused(format, e))?;
+    drop(memory);
+    Ok((format, accepted))
+}
+
+async fn export_metrics_inner(
+    state: &HttpReceiver,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Format, MetricsAccepted), OtlpHttpError> {
+    let received = receive(state, headers, body).await?;
+    let format = received.format;
+    let (request, memory) = tokio::task::spawn_blocking(move || {
+        let (body, memory) = received.inflate()?;
+        Ok((decode_metrics(&body, format)?, memory))
+    })
+    .await
+    .map_err(|_| interrupted(format))??;
+    let accepted = state
+        .receiver
+        .export_metrics(request)
+        .await
+        .map_err(|e| refused(format, e))?;
+    drop(memory);
+    Ok((format, accepted))
+}
+
+fn interrupted(format: Format) -> OtlpHttpError {
+    OtlpHttpError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        UNAVAILABLE,
+        format,
+        "decoding was interrupted; retry",
+    )
+}
+
+fn too_large(format: Format, limit: usize, what: &str) -> OtlpHttpError {
+    OtlpHttpError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        RESOURCE_EXHAUSTED,
+        format,
+        format!(
+            "request body is over {limit} bytes{what}; lower the exporter's batch size \
+             (e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE) or raise --max-request-bytes"
+        ),
+    )
+}
+
+/// A refusal before or after the writer: the store cannot take the request now.
+fn refused(format: Format, error: IngestError) -> OtlpHttpError {
+    let mut refusal = OtlpHttpError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        UNAVAILABLE,
+        format,
+        refusal_message(&error),
+    );
+    refusal.retry_after = true;
+    refusal
+}
+
+/// A request's body as sent, with its memory, before decompression.
+struct Received {
+    format: Format,
+    gzip: bool,
+    raw: Bytes,
+    memory: BodyMemory,
+    limit: usize,
+}
+
+/// What every OTLP/HTTP export shares before decoding: the content type, the token, the
+/// encoding, the size limit (declared and read) and the memory budget, as the body arrives.
+async fn receive(
+    state: &HttpReceiver,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Received, OtlpHttpError> {
     let format = content_format(headers)?;
     if !state
         .tokens
@@ -204,28 +314,6 @@ async fn export_inner(
     }
     let gzip = content_encoding_is_gzip(headers, format)?;
     let limit = state.max_request_bytes;
-    let too_large = move |what: &str| {
-        OtlpHttpError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            RESOURCE_EXHAUSTED,
-            format,
-            format!(
-                "request body is over {limit} bytes{what}; lower the exporter's batch size \
-                 (e.g. OTEL_BSP_MAX_EXPORT_BATCH_SIZE) or raise --max-request-bytes"
-            ),
-        )
-    };
-    // A refusal before or after the writer: the store cannot take the spans now.
-    let refused = move |error: IngestError| {
-        let mut refusal = OtlpHttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            UNAVAILABLE,
-            format,
-            refusal_message(&error),
-        );
-        refusal.retry_after = true;
-        refusal
-    };
     // A declared length over the limit is refused before any of the body is read, and a
     // body the memory budget has no room for before more of it is read.
     let declared = headers
@@ -233,20 +321,20 @@ async fn export_inner(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
-        return Err(too_large(" (its Content-Length)").closing());
+        return Err(too_large(format, limit, " (its Content-Length)").closing());
     }
     let mut memory = state.receiver.body_memory();
     let mut body = Limited::new(body, limit);
     if let Err(error) = memory.declared(declared.unwrap_or(0)) {
         discard(&mut body).await;
-        return Err(refused(error));
+        return Err(refused(format, error));
     }
     let mut raw = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
     while let Some(frame) = body.frame().await {
         let data = match frame {
             Ok(frame) => frame.into_data().unwrap_or_default(),
             Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(too_large("").closing());
+                return Err(too_large(format, limit, "").closing());
             }
             Err(error) => {
                 return Err(OtlpHttpError::new(
@@ -261,15 +349,30 @@ async fn export_inner(
         if let Err(error) = memory.received(data.len()) {
             drop(raw);
             discard(&mut body).await;
-            return Err(refused(error));
+            return Err(refused(format, error));
         }
         raw.extend_from_slice(&data);
     }
-    let raw = raw.freeze();
-    // Decompressing, decoding, normalising and encoding are CPU work: one task on the
-    // blocking pool, off the async workers, on one thread from body to rows.
-    let receiver = state.receiver.clone();
-    let (prepared, memory) = tokio::task::spawn_blocking(move || {
+    Ok(Received {
+        format,
+        gzip,
+        raw: raw.freeze(),
+        memory,
+        limit,
+    })
+}
+
+impl Received {
+    /// The body decompressed, with its memory grown for decoding it (CPU work: call it on
+    /// the blocking pool).
+    fn inflate(self) -> Result<(Bytes, BodyMemory), OtlpHttpError> {
+        let Received {
+            format,
+            gzip,
+            raw,
+            mut memory,
+            limit,
+        } = self;
         let body: Bytes = if gzip {
             // Decompressed a step at a time, each step's buffer accounted before the next.
             let mut out = Vec::new();
@@ -287,42 +390,28 @@ async fn export_inner(
                         )
                     })?;
                 if out.len() > limit {
-                    return Err(too_large(" after gzip decompression"));
+                    return Err(too_large(format, limit, " after gzip decompression"));
                 }
                 if read == 0 {
                     break;
                 }
-                memory.decompressing(out.capacity()).map_err(refused)?;
+                memory
+                    .decompressing(out.capacity())
+                    .map_err(|e| refused(format, e))?;
                 out.reserve(GUNZIP_STEP as usize);
-                memory.decompressing(out.capacity()).map_err(refused)?;
+                memory
+                    .decompressing(out.capacity())
+                    .map_err(|e| refused(format, e))?;
             }
             out.into()
         } else {
             raw
         };
-        memory.decoding(body.len(), gzip).map_err(refused)?;
-        let (request, lossy, rejected) = decode(body, format)?;
-        Ok((
-            receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected),
-            memory,
-        ))
-    })
-    .await
-    .map_err(|_| {
-        OtlpHttpError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            UNAVAILABLE,
-            format,
-            "decoding was interrupted; retry",
-        )
-    })??;
-    let accepted = state
-        .receiver
-        .commit(prepared.map_err(refused)?)
-        .await
-        .map_err(refused)?;
-    drop(memory);
-    Ok((format, accepted))
+        memory
+            .decoding(body.len(), gzip)
+            .map_err(|e| refused(format, e))?;
+        Ok((body, memory))
+    }
 }
 
 /// Reads the rest of a refused request's body without keeping it, so that an HTTP/1.1
@@ -421,6 +510,53 @@ pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
             }
         }
     }
+}
+
+/// Decodes a metrics request (opentelemetry-proto's decoders: metrics requests are few).
+pub fn decode_metrics(
+    body: &[u8],
+    format: Format,
+) -> Result<ExportMetricsServiceRequest, OtlpHttpError> {
+    let bad = |message: String| {
+        OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
+    };
+    match format {
+        Format::Protobuf => ExportMetricsServiceRequest::decode(body).map_err(|e| {
+            bad(format!(
+                "request body is not a valid OTLP ExportMetricsServiceRequest protobuf ({e}); \
+                 check that Content-Type and Content-Encoding match what the exporter sends"
+            ))
+        }),
+        Format::Json => {
+            let body = body.strip_prefix("\u{FEFF}".as_bytes()).unwrap_or(body);
+            serde_json::from_slice(body).map_err(|e| {
+                bad(format!(
+                    "request body is not valid OTLP/JSON for metrics ({e}); OTLP/JSON uses \
+                     lowerCamelCase keys and integer enum values"
+                ))
+            })
+        }
+    }
+}
+
+fn metrics_success(format: Format, accepted: MetricsAccepted) -> Response {
+    let body = match format {
+        Format::Protobuf => accepted.into_response().encode_to_vec(),
+        Format::Json if accepted.rejected == 0 => b"{}".to_vec(),
+        Format::Json => serde_json::to_vec(&serde_json::json!({
+            "partialSuccess": {
+                "rejectedDataPoints": accepted.rejected,
+                "errorMessage": accepted.error_message,
+            }
+        }))
+        .unwrap_or_default(),
+    };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, format.content_type())],
+        body,
+    )
+        .into_response()
 }
 
 fn success(format: Format, accepted: Accepted) -> Response {

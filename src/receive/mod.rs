@@ -1,11 +1,14 @@
 //! OTLP receivers: gRPC (`grpc.rs`) and HTTP (`http.rs`) decode their transport and hand
 //! the request to `Receiver`, the one ingest path both share: `Receiver::export` (gRPC), or
 //! `Receiver::prepare` in the task that decoded the body, then `Receiver::commit` (HTTP).
+//! Metrics requests go to `Receiver::export_metrics`, which keeps the deadline metrics
+//! (`deadline_metrics.rs`) and ignores the rest.
 //!
 //! Architecture invariant: a receiver answers success only after `Ingestor::commit`
 //! returned, i.e. after the spans were committed. Each failure maps to the status the
 //! OTLP specification gives it, so exporters retry exactly the retryable ones.
 
+pub mod deadline_metrics;
 pub mod grpc;
 pub mod http;
 pub mod json_spans;
@@ -15,6 +18,9 @@ pub mod otlp_json;
 use std::sync::Arc;
 use std::time::Duration;
 
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsPartialSuccess, ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTracePartialSuccess, ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -25,7 +31,8 @@ use crate::metrics::Metrics;
 use crate::model::TraceId;
 use crate::normalize::{NormalizeOptions, normalize, span_count};
 use crate::recent::{HeldSpan, Recent};
-use crate::store::EncodedBatch;
+use crate::store::{EncodedBatch, Store};
+use deadline_metrics::{Cumulative, MetricNames, extract};
 pub use json_spans::Rejection;
 
 /// Requests of at most this many spans are normalised and encoded on the async worker that
@@ -57,6 +64,26 @@ impl Accepted {
     }
 }
 
+/// What an accepted metrics request produced: how many data points of the deadline
+/// metrics were left out, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsAccepted {
+    pub rejected: i64,
+    pub error_message: String,
+}
+
+impl MetricsAccepted {
+    /// The OTLP response: `partial_success` only when some data points were left out.
+    pub fn into_response(self) -> ExportMetricsServiceResponse {
+        ExportMetricsServiceResponse {
+            partial_success: (self.rejected > 0).then(|| ExportMetricsPartialSuccess {
+                rejected_data_points: self.rejected,
+                error_message: self.error_message,
+            }),
+        }
+    }
+}
+
 pub struct Receiver {
     ingestor: Arc<Ingestor>,
     options: NormalizeOptions,
@@ -64,22 +91,70 @@ pub struct Receiver {
     memory: Arc<MemoryBudget>,
     /// Committed spans are held here for the analyzer.
     recent: Arc<Recent>,
+    /// Where the deadline metrics are written (spans go through `ingestor`).
+    store: Arc<dyn Store>,
+    metric_names: MetricNames,
+    /// The cumulative series' last points. Held across a request's write, so that each
+    /// request's deltas are taken against the points the store already has.
+    cumulative: tokio::sync::Mutex<Cumulative>,
+}
+
+/// What a `Receiver` is built from.
+pub struct ReceiverParts {
+    pub ingestor: Arc<Ingestor>,
+    pub store: Arc<dyn Store>,
+    pub options: NormalizeOptions,
+    pub metric_names: MetricNames,
+    pub metrics: Arc<Metrics>,
+    pub memory: Arc<MemoryBudget>,
+    pub recent: Arc<Recent>,
 }
 
 impl Receiver {
-    pub fn new(
-        ingestor: Arc<Ingestor>,
-        options: NormalizeOptions,
-        metrics: Arc<Metrics>,
-        memory: Arc<MemoryBudget>,
-        recent: Arc<Recent>,
-    ) -> Arc<Receiver> {
+    pub fn new(parts: ReceiverParts) -> Arc<Receiver> {
         Arc::new(Receiver {
-            ingestor,
-            options,
-            metrics,
-            memory,
-            recent,
+            ingestor: parts.ingestor,
+            options: parts.options,
+            metrics: parts.metrics,
+            memory: parts.memory,
+            recent: parts.recent,
+            store: parts.store,
+            metric_names: parts.metric_names,
+            cumulative: tokio::sync::Mutex::new(Cumulative::new(
+                crate::store::now_unix_nano() as u64
+            )),
+        })
+    }
+
+    /// Stores the deadline metrics of a metrics request (committed before it returns) and
+    /// ignores its other metrics. A store that cannot take them is a retryable refusal.
+    pub async fn export_metrics(
+        &self,
+        request: ExportMetricsServiceRequest,
+    ) -> Result<MetricsAccepted, IngestError> {
+        let mut cumulative = self.cumulative.lock().await;
+        let now = crate::store::now_unix_nano() as u64;
+        let extracted = extract(&request, &self.metric_names, &cumulative, now);
+        drop(request);
+        if !extracted.rows.is_empty() {
+            self.store
+                .add_reported(&extracted.rows)
+                .await
+                .map_err(|error| {
+                    tracing::warn!(%error, "could not store deadline metrics; exporters will be asked to retry");
+                    IngestError::Unavailable
+                })?;
+        }
+        self.metrics
+            .metric_points_stored
+            .inc_by(extracted.stored.max(0) as u64);
+        self.metrics
+            .metric_points_rejected
+            .inc_by(extracted.rejected.max(0) as u64);
+        cumulative.advance(extracted.advance, now);
+        Ok(MetricsAccepted {
+            rejected: extracted.rejected,
+            error_message: extracted.message,
         })
     }
 

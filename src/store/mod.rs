@@ -1,7 +1,7 @@
 //! Span storage: one trait, a SQLite and a Postgres implementation.
 //!
-//! Architecture invariant: every SQL statement lives in `sqlite.rs` or `postgres.rs`; no
-//! other module writes SQL. Both implementations pass the same conformance suite
+//! Architecture invariant: every SQL statement lives in this module (`sqlite.rs`,
+//! `postgres.rs`, and the parts written once for both); no other module writes SQL. Both implementations pass the same conformance suite
 //! (`tests/store_conformance.rs`). Inserts are idempotent on (trace id, span id): the first
 //! copy stored wins, so exporter retries never duplicate a span.
 
@@ -9,6 +9,7 @@ pub mod alerts;
 mod leases;
 pub mod postgres;
 pub mod query;
+pub mod reported;
 pub mod rollup;
 pub mod sqlite;
 mod summaries;
@@ -25,6 +26,7 @@ use crate::codec;
 use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 pub use alerts::AlertStore;
 use query::TraceQuery;
+use reported::ReportedRow;
 use rollup::HopRollupRow;
 
 /// What can go wrong in a store. Messages are for logs; the web and receiver layers map
@@ -148,6 +150,20 @@ pub trait Store: AlertStore + Send + Sync + 'static {
         operation: Option<&str>,
         hourly: bool,
     ) -> Result<Vec<HopRollupRow>, StoreError>;
+
+    /// Adds the hops' deadline metrics (deltas, distinct keys) to their minutes, in one
+    /// transaction.
+    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError>;
+
+    /// Each hop's deadline metrics summed over `[since, until)` (minute-aligned),
+    /// optionally of one service or operation; each row's minute is `since`.
+    async fn reported(
+        &self,
+        since_unix_nano: u64,
+        until_unix_nano: u64,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<ReportedRow>, StoreError>;
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;

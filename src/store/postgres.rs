@@ -22,6 +22,7 @@ use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
+use super::reported::{ReportedRow, StoredReported, add_reported, reported_query};
 use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
 use super::summaries::{Dialect, delete_summaries_before, write_summaries};
 use super::{CLAIM, decode_counts, decode_marks, now_unix_nano, rollup_ranges};
@@ -478,6 +479,29 @@ impl Store for PostgresStore {
             rows.extend(found.into_iter().map(StoredRollup::decode));
         }
         Ok(rows)
+    }
+
+    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        add_reported::<Postgres>(&mut tx, rows).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn reported(
+        &self,
+        since_unix_nano: u64,
+        until_unix_nano: u64,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<ReportedRow>, StoreError> {
+        let mut q =
+            reported_query::<Postgres>(since_unix_nano, until_unix_nano, service, operation);
+        let found: Vec<StoredReported> = q.build_query_as().fetch_all(&self.pool).await?;
+        Ok(found
+            .into_iter()
+            .map(|row| row.decode(since_unix_nano))
+            .collect())
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {

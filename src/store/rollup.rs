@@ -147,6 +147,7 @@ impl StoredRollup {
                 budget: Histogram::decode(&self.budget_hist),
                 burn: Histogram::decode(&self.burn_hist),
                 self_ms: Histogram::decode(&self.self_hist),
+                reported: Default::default(),
             },
         }
     }

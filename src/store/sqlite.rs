@@ -18,6 +18,7 @@ use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
+use super::reported::{ReportedRow, StoredReported, add_reported, reported_query};
 use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
 use super::summaries::{Dialect, delete_summaries_before, push_list, write_summaries};
 use super::{
@@ -702,6 +703,30 @@ impl Store for SqliteStore {
             rows.extend(found.into_iter().map(StoredRollup::decode));
         }
         Ok(rows)
+    }
+
+    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
+        add_reported::<Sqlite>(&mut tx, rows).await?;
+        tx.commit().await?;
+        conn.keep();
+        Ok(())
+    }
+
+    async fn reported(
+        &self,
+        since_unix_nano: u64,
+        until_unix_nano: u64,
+        service: Option<&str>,
+        operation: Option<&str>,
+    ) -> Result<Vec<ReportedRow>, StoreError> {
+        let mut q = reported_query::<Sqlite>(since_unix_nano, until_unix_nano, service, operation);
+        let found: Vec<StoredReported> = q.build_query_as().fetch_all(&self.reader).await?;
+        Ok(found
+            .into_iter()
+            .map(|row| row.decode(since_unix_nano))
+            .collect())
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {

@@ -190,7 +190,7 @@ where
         delete.push_bind(i64::from(limit)).push(")");
         delete.build().execute(&mut *conn).await?;
     }
-    for table in ["hop_rollups", "hop_rollups_hourly"] {
+    for table in ["hop_rollups", "hop_rollups_hourly", "hop_metrics"] {
         let mut delete =
             QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
         delete.push_bind(cutoff);

@@ -1,0 +1,134 @@
+//! The hops' deadline metrics (`hop_metrics`), written once for both stores: per (service,
+//! operation, minute), added to on every write, so deltas from any number of exporters
+//! and servers sum; read summed over a range.
+
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
+
+use super::StoreError;
+use crate::analyze::hops::Reported;
+
+/// Rows per statement: 9 parameters each, within SQLite's 32,766 and Postgres's 65,535.
+const CHUNK: usize = 1_000;
+
+/// One hop's deadline metrics for one minute (writes), or summed over a range (reads,
+/// whose `minute_unix_nano` is the range's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedRow {
+    pub service: String,
+    pub operation: String,
+    pub minute_unix_nano: u64,
+    pub reported: Reported,
+}
+
+/// Adds `rows` to the stored minutes, inside the caller's transaction. The rows must have
+/// distinct keys (a Postgres upsert may not touch a row twice); sorted, so concurrent
+/// writers lock rows in one order.
+pub(crate) async fn add_reported<DB: Database>(
+    conn: &mut DB::Connection,
+    rows: &[ReportedRow],
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    for chunk in rows.chunks(CHUNK) {
+        let mut q = QueryBuilder::<DB>::new(
+            "INSERT INTO hop_metrics (service, operation, minute_unix_nano, local_exceeds, \
+             inherited_exceeds, received_count, received_sum_ms, remaining_count, \
+             remaining_sum_ms) ",
+        );
+        q.push_values(chunk, |mut b, row| {
+            let r = &row.reported;
+            b.push_bind(row.service.clone())
+                .push_bind(row.operation.clone())
+                .push_bind(i64::try_from(row.minute_unix_nano).unwrap_or(i64::MAX))
+                .push_bind(r.local_exceeds)
+                .push_bind(r.inherited_exceeds)
+                .push_bind(r.received_count)
+                .push_bind(r.received_sum_ms)
+                .push_bind(r.remaining_count)
+                .push_bind(r.remaining_sum_ms);
+        });
+        q.push(
+            " ON CONFLICT (service, operation, minute_unix_nano) DO UPDATE SET \
+             local_exceeds = hop_metrics.local_exceeds + excluded.local_exceeds, \
+             inherited_exceeds = hop_metrics.inherited_exceeds + excluded.inherited_exceeds, \
+             received_count = hop_metrics.received_count + excluded.received_count, \
+             received_sum_ms = hop_metrics.received_sum_ms + excluded.received_sum_ms, \
+             remaining_count = hop_metrics.remaining_count + excluded.remaining_count, \
+             remaining_sum_ms = hop_metrics.remaining_sum_ms + excluded.remaining_sum_ms",
+        );
+        q.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+#[derive(FromRow)]
+pub(crate) struct StoredReported {
+    service: String,
+    operation: String,
+    local_exceeds: i64,
+    inherited_exceeds: i64,
+    received_count: i64,
+    received_sum_ms: f64,
+    remaining_count: i64,
+    remaining_sum_ms: f64,
+}
+
+impl StoredReported {
+    /// The row of a range starting at `since`.
+    pub fn decode(self, since: u64) -> ReportedRow {
+        ReportedRow {
+            service: self.service,
+            operation: self.operation,
+            minute_unix_nano: since,
+            reported: Reported {
+                local_exceeds: self.local_exceeds,
+                inherited_exceeds: self.inherited_exceeds,
+                received_count: self.received_count,
+                received_sum_ms: self.received_sum_ms,
+                remaining_count: self.remaining_count,
+                remaining_sum_ms: self.remaining_sum_ms,
+            },
+        }
+    }
+}
+
+/// The query of each hop's metrics summed over `[since, until)`, optionally of one service
+/// or operation, as `StoredReported` rows.
+pub(crate) fn reported_query<DB: Database>(
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+    operation: Option<&str>,
+) -> QueryBuilder<DB>
+where
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    // CAST: Postgres sums BIGINT into NUMERIC.
+    let mut q = QueryBuilder::<DB>::new(
+        "SELECT service, operation, \
+         CAST(SUM(local_exceeds) AS BIGINT) AS local_exceeds, \
+         CAST(SUM(inherited_exceeds) AS BIGINT) AS inherited_exceeds, \
+         CAST(SUM(received_count) AS BIGINT) AS received_count, \
+         SUM(received_sum_ms) AS received_sum_ms, \
+         CAST(SUM(remaining_count) AS BIGINT) AS remaining_count, \
+         SUM(remaining_sum_ms) AS remaining_sum_ms \
+         FROM hop_metrics WHERE minute_unix_nano >= ",
+    );
+    q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
+        .push(" AND minute_unix_nano < ")
+        .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+    if let Some(service) = service {
+        q.push(" AND service = ").push_bind(service.to_string());
+    }
+    if let Some(operation) = operation {
+        q.push(" AND operation = ").push_bind(operation.to_string());
+    }
+    q.push(" GROUP BY service, operation ORDER BY service, operation");
+    q
+}
