@@ -93,8 +93,10 @@ pub async fn hops(
         .store
         .hop_rollups(since, until, service, None, true)
         .await?;
+    let reported =
+        crate::web::pages::with_reported(state.store.as_ref(), since, until, service, None).await?;
     let mut merged: BTreeMap<(String, String), Rollup> = BTreeMap::new();
-    for row in rows {
+    for row in rows.into_iter().chain(reported) {
         merged
             .entry((row.service, row.operation))
             .or_default()
@@ -103,7 +105,22 @@ pub async fn hops(
     let hops: Vec<Value> = merged
         .iter()
         .map(|((service, operation), rollup)| {
-            rollup_json(rollup, json!({"service": service, "operation": operation}))
+            // The hop's own deadline metrics (every request), beside the traces' numbers.
+            let r = &rollup.reported;
+            rollup_json(
+                rollup,
+                json!({
+                    "service": service,
+                    "operation": operation,
+                    "metrics": {
+                        "local_exceeds": r.local_exceeds,
+                        "inherited_exceeds": r.inherited_exceeds,
+                        "requests": r.received_count,
+                        "budget_received_mean_ms": r.received_mean_ms(),
+                        "budget_remaining_mean_ms": r.remaining_mean_ms(),
+                    },
+                }),
+            )
         })
         .collect();
     Ok(Json(

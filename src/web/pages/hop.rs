@@ -181,9 +181,28 @@ pub async fn hop(
         ("Burn p95", fmt_percent(merged.burn.quantile(0.95))),
         ("Self p95", fmt_opt_duration(merged.self_ms.quantile(0.95))),
     ];
+    let mut facts = facts;
+    if let Some(line) = super::reported_line(&merged) {
+        let r = &merged.reported;
+        facts.insert(0, ("Deadline metrics", line));
+        facts.insert(
+            1,
+            (
+                "Metrics: budget received mean",
+                fmt_opt_duration(r.received_mean_ms()),
+            ),
+        );
+        facts.insert(
+            2,
+            (
+                "Metrics: budget left mean",
+                fmt_opt_duration(r.remaining_mean_ms()),
+            ),
+        );
+    }
     let page = HopPage {
         nav: "overview",
-        has_data: merged.requests > 0,
+        has_data: merged.requests > 0 || !merged.reported.is_empty(),
         budget_chart: charts::histogram(
             "Budget received (requests per bucket)",
             &bins(&merged.budget, fmt_duration),

@@ -167,6 +167,59 @@ pub fn trace_href(trace_id: &str) -> String {
 }
 
 /// A duration as people read it: `840 ms`, `4.2 ms`, `1.5 s`, `12 s`.
+/// A count with thousands separators (1,204).
+pub fn fmt_count(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// "metrics: 1,204 local exceeds; traces: 37 sampled": a hop's deadline metrics beside
+/// the local exceeds its traces show; `None` when it exported none.
+pub fn reported_line(rollup: &crate::analyze::hops::Rollup) -> Option<String> {
+    let r = &rollup.reported;
+    (!r.is_empty()).then(|| {
+        format!(
+            "metrics: {} local exceeds, {} inherited, {} requests; traces: {} sampled",
+            fmt_count(r.local_exceeds),
+            fmt_count(r.inherited_exceeds),
+            fmt_count(r.received_count),
+            fmt_count(rollup.count("local_exceed")),
+        )
+    })
+}
+
+/// Each hop's deadline metrics over `[since, until)` as rollup rows at `since` (nothing
+/// but `reported` set), to merge with the trace rollups.
+pub async fn with_reported(
+    store: &dyn crate::store::Store,
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+    operation: Option<&str>,
+) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
+    Ok(store
+        .reported(since, until, service, operation)
+        .await?
+        .into_iter()
+        .map(|row| crate::store::rollup::HopRollupRow {
+            service: row.service,
+            operation: row.operation,
+            minute_unix_nano: row.minute_unix_nano,
+            rollup: crate::analyze::hops::Rollup {
+                reported: row.reported,
+                ..Default::default()
+            },
+        })
+        .collect())
+}
+
 pub fn fmt_duration(ms: f64) -> String {
     if !ms.is_finite() {
         return "–".into();
@@ -381,9 +434,11 @@ impl TimeRange {
     ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
         let (since, until) = self.aligned();
         let hourly = self.step().is_multiple_of(60 * MINUTE);
-        store
+        let mut rows = store
             .hop_rollups(since, until, service, operation, hourly)
-            .await
+            .await?;
+        rows.extend(with_reported(store, since, until, service, operation).await?);
+        Ok(rows)
     }
 
     /// The trace search over this range, with `filters`.

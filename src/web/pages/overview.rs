@@ -56,6 +56,8 @@ pub struct HopRow {
     pub budget_p50: String,
     pub budget_p95: String,
     pub burn_p95: String,
+    /// The hop's deadline metrics beside its traces' numbers, when it exports them.
+    pub reported: Option<String>,
 }
 
 /// A hop where exceeded requests ran out.
@@ -97,6 +99,8 @@ pub struct OverviewPage {
     pub total_requests: i64,
     pub total_local: i64,
     pub total_inherited: i64,
+    /// All hops' deadline metrics beside the traces' local exceeds, when any were exported.
+    pub total_reported: Option<String>,
     pub chart: String,
     pub chart_rows: Vec<(String, i64, i64)>,
     pub burners: Vec<Burner>,
@@ -193,6 +197,7 @@ pub fn build(
                     budget_p50: fmt_opt_duration(q(&r.budget, 0.5)),
                     budget_p95: fmt_opt_duration(q(&r.budget, 0.95)),
                     burn_p95: fmt_percent(q(&r.burn, 0.95)),
+                    reported: super::reported_line(r),
                 },
                 keys,
             )
@@ -293,6 +298,11 @@ pub fn build(
     let total_requests = hops.iter().map(|(h, _)| h.requests).sum();
     let total_local = hops.iter().map(|(h, _)| h.local).sum();
     let total_inherited = hops.iter().map(|(h, _)| h.inherited).sum();
+    let mut all = Rollup::default();
+    for r in merged.values() {
+        all.merge(r);
+    }
+    let total_reported = super::reported_line(&all);
     let legend = crate::analyze::Flag::ALL
         .iter()
         .map(|f| {
@@ -316,6 +326,7 @@ pub fn build(
         total_requests,
         total_local,
         total_inherited,
+        total_reported,
         chart,
         chart_rows,
         burners,
