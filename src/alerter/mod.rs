@@ -109,6 +109,18 @@ async fn read_windows(
                 .merge(&row.rollup);
         }
     }
+    // The hops' deadline metrics, summed per window (one read each: a row per hop).
+    for length in lengths {
+        let (since, until) = window_range(now, delay, *length);
+        let merged = windows.entry(*length).or_default();
+        for row in store.reported(since, until, None, None).await? {
+            merged
+                .entry((row.service, row.operation))
+                .or_default()
+                .reported
+                .merge(&row.reported, 1);
+        }
+    }
     Ok(windows)
 }
 

@@ -173,6 +173,12 @@ pub fn signal_value(signal: Signal, rollup: &Rollup, objective: Option<f64>) -> 
             let allowed = 1.0 - objective?;
             signal_value(Signal::LocalExceedRatio, rollup, None).map(|r| r / allowed)
         }
+        Signal::MetricLocalExceedCount => Some(rollup.reported.local_exceeds as f64),
+        Signal::MetricInheritedExceedCount => Some(rollup.reported.inherited_exceeds as f64),
+        Signal::MetricLocalExceedRatio => {
+            let r = &rollup.reported;
+            ratio(r.local_exceeds, r.received_count - r.inherited_exceeds)
+        }
     }
 }
 
@@ -587,6 +593,33 @@ mod tests {
                 "firing/warning SeverityChanged",
                 "resolved/warning Resolved",
             ]
+        );
+    }
+
+    #[test]
+    fn metric_signals_read_the_reported_counts_not_the_traces() {
+        let mut rollup = Rollup {
+            requests: 10,
+            ..Rollup::default()
+        };
+        rollup.counts[1] = 9; // local, in the sampled traces
+        rollup.reported.received_count = 1000;
+        rollup.reported.inherited_exceeds = 200;
+        rollup.reported.local_exceeds = 40;
+        let ratio = signal_value(Signal::MetricLocalExceedRatio, &rollup, None).unwrap();
+        assert!((ratio - 0.05).abs() < 1e-9, "{ratio}");
+        assert_eq!(
+            signal_value(Signal::MetricLocalExceedCount, &rollup, None),
+            Some(40.0)
+        );
+        assert_eq!(
+            signal_value(Signal::MetricInheritedExceedCount, &rollup, None),
+            Some(200.0)
+        );
+        assert_eq!(
+            signal_value(Signal::MetricLocalExceedRatio, &Rollup::default(), None),
+            None,
+            "no metrics: no data, not 0"
         );
     }
 

@@ -53,6 +53,11 @@ signals! {
     BudgetReceivedP50 = "budget_received_p50",
     /// Local exceed ratio ÷ (1 − objective), over `window` and `short_window` both.
     SloBurnRate = "slo_burn_rate",
+    /// From the hop's deadline metrics (every request, not only sampled traces).
+    MetricLocalExceedCount = "metric_local_exceed_count",
+    MetricInheritedExceedCount = "metric_inherited_exceed_count",
+    /// Metrics' local exceeds ÷ (budgets received − inherited exceeds).
+    MetricLocalExceedRatio = "metric_local_exceed_ratio",
 }
 
 impl Signal {
@@ -72,7 +77,10 @@ impl Signal {
             | Signal::InheritedExceedCount
             | Signal::OverspentRatio
             | Signal::DoomedCount
-            | Signal::SloBurnRate => "deadline_exceeded",
+            | Signal::SloBurnRate
+            | Signal::MetricLocalExceedCount
+            | Signal::MetricInheritedExceedCount
+            | Signal::MetricLocalExceedRatio => "deadline_exceeded",
             other => other.as_str(),
         }
     }
@@ -80,12 +88,14 @@ impl Signal {
     /// The flag whose traces show the problem, for example traces in notifications.
     pub fn flag(self) -> Option<Flag> {
         match self {
-            Signal::LocalExceedRatio | Signal::LocalExceedCount | Signal::SloBurnRate => {
-                Some(Flag::LocalExceed)
-            }
-            Signal::InheritedExceedRatio | Signal::InheritedExceedCount => {
-                Some(Flag::InheritedExceed)
-            }
+            Signal::LocalExceedRatio
+            | Signal::LocalExceedCount
+            | Signal::SloBurnRate
+            | Signal::MetricLocalExceedCount
+            | Signal::MetricLocalExceedRatio => Some(Flag::LocalExceed),
+            Signal::InheritedExceedRatio
+            | Signal::InheritedExceedCount
+            | Signal::MetricInheritedExceedCount => Some(Flag::InheritedExceed),
             Signal::OverspentRatio | Signal::BurnP95 | Signal::BurnP99 => Some(Flag::Overspent),
             Signal::InflatedCount => Some(Flag::Inflated),
             Signal::DroppedCount => Some(Flag::Dropped),
