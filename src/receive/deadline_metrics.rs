@@ -180,6 +180,28 @@ struct Point<'a> {
     values: Option<Values>,
 }
 
+impl<'a> Point<'a> {
+    /// A histogram's point (explicit or exponential buckets: only the count and sum are read);
+    /// `at` is (start, time, flags).
+    fn histogram(
+        attributes: &'a [KeyValue],
+        (start, time, flags): (u64, u64, u32),
+        count: u64,
+        sum: Option<f64>,
+    ) -> Point<'a> {
+        Point {
+            attributes,
+            start,
+            time,
+            flags,
+            values: sum.map(|sum| Values {
+                count: count as f64,
+                sum,
+            }),
+        }
+    }
+}
+
 /// The request's rows, against the cumulative series seen so far (`now`: the wall clock).
 pub fn extract(
     request: &ExportMetricsServiceRequest,
@@ -191,7 +213,8 @@ pub fn extract(
     let mut reasons: BTreeMap<String, i64> = BTreeMap::new();
     let mut advance: HashMap<String, Last> = HashMap::new();
     let mut stored = 0;
-    let mut reject = |reason: String| *reasons.entry(reason).or_default() += 1;
+    // `n` data points left out for one reason.
+    let mut reject_n = |reason: String, n: usize| *reasons.entry(reason).or_default() += n as i64;
     for resource_metrics in &request.resource_metrics {
         let resource = resource_metrics.resource.as_ref();
         let service = resource_service(resource);
@@ -213,15 +236,13 @@ pub fn extract(
                         h.aggregation_temporality,
                         h.data_points
                             .iter()
-                            .map(|p| Point {
-                                attributes: &p.attributes,
-                                start: p.start_time_unix_nano,
-                                time: p.time_unix_nano,
-                                flags: p.flags,
-                                values: p.sum.map(|sum| Values {
-                                    count: p.count as f64,
-                                    sum,
-                                }),
+                            .map(|p| {
+                                Point::histogram(
+                                    &p.attributes,
+                                    (p.start_time_unix_nano, p.time_unix_nano, p.flags),
+                                    p.count,
+                                    p.sum,
+                                )
                             })
                             .collect(),
                     ),
@@ -229,15 +250,13 @@ pub fn extract(
                         h.aggregation_temporality,
                         h.data_points
                             .iter()
-                            .map(|p| Point {
-                                attributes: &p.attributes,
-                                start: p.start_time_unix_nano,
-                                time: p.time_unix_nano,
-                                flags: p.flags,
-                                values: p.sum.map(|sum| Values {
-                                    count: p.count as f64,
-                                    sum,
-                                }),
+                            .map(|p| {
+                                Point::histogram(
+                                    &p.attributes,
+                                    (p.start_time_unix_nano, p.time_unix_nano, p.flags),
+                                    p.count,
+                                    p.sum,
+                                )
                             })
                             .collect(),
                     ),
@@ -277,10 +296,10 @@ pub fn extract(
                             Some(Data::Summary(_)) => "a summary",
                             None => "no data",
                         };
-                        let count = data_point_count(data).max(1);
-                        for _ in 0..count {
-                            reject(format!("{} must be {expected}, not {got}", metric.name));
-                        }
+                        reject_n(
+                            format!("{} must be {expected}, not {got}", metric.name),
+                            data_point_count(data).max(1),
+                        );
                         continue;
                     }
                 };
@@ -290,24 +309,23 @@ pub fn extract(
                     ms_per_unit(&metric.unit)
                 };
                 let Some(scale) = scale else {
-                    for _ in &points {
-                        reject(format!(
-                            "{} has unit {:?}; use ms or s",
-                            metric.name, metric.unit
-                        ));
-                    }
+                    reject_n(
+                        format!("{} has unit {:?}; use ms or s", metric.name, metric.unit),
+                        points.len(),
+                    );
                     continue;
                 };
                 let cumulative_series = match AggregationTemporality::try_from(temporality) {
                     Ok(AggregationTemporality::Delta) => false,
                     Ok(AggregationTemporality::Cumulative) => true,
                     _ => {
-                        for _ in &points {
-                            reject(format!(
+                        reject_n(
+                            format!(
                                 "{} has no aggregation temporality (delta or cumulative)",
                                 metric.name
-                            ));
-                        }
+                            ),
+                            points.len(),
+                        );
                         continue;
                     }
                 };
@@ -317,10 +335,13 @@ pub fn extract(
                         continue;
                     }
                     let Some(hop) = string_attribute(point.attributes, &names.hop_key) else {
-                        reject(format!(
-                            "{} data points need a `{}` attribute naming the operation",
-                            metric.name, names.hop_key
-                        ));
+                        reject_n(
+                            format!(
+                                "{} data points need a `{}` attribute naming the operation",
+                                metric.name, names.hop_key
+                            ),
+                            1,
+                        );
                         continue;
                     };
                     let origin = if which == Which::Exceeded {
@@ -331,10 +352,13 @@ pub fn extract(
                             Some("local") => Some(true),
                             Some("inherited") => Some(false),
                             _ => {
-                                reject(format!(
-                                    "{} data points need `{}` = local or inherited",
-                                    metric.name, names.origin_key
-                                ));
+                                reject_n(
+                                    format!(
+                                        "{} data points need `{}` = local or inherited",
+                                        metric.name, names.origin_key
+                                    ),
+                                    1,
+                                );
                                 continue;
                             }
                         }
@@ -345,14 +369,14 @@ pub fn extract(
                         .values
                         .filter(|v| v.count.is_finite() && v.sum.is_finite() && v.count >= 0.0)
                     else {
-                        reject(format!(
-                            "{} data points need a count and a sum",
-                            metric.name
-                        ));
+                        reject_n(
+                            format!("{} data points need a count and a sum", metric.name),
+                            1,
+                        );
                         continue;
                     };
                     if point.time == 0 {
-                        reject(format!("{} data points need a time", metric.name));
+                        reject_n(format!("{} data points need a time", metric.name), 1);
                         continue;
                     }
                     let delta = if cumulative_series {
@@ -380,11 +404,14 @@ pub fn extract(
                             None if cumulative.series.len() + advance.len()
                                 >= cumulative.max_series =>
                             {
-                                reject(format!(
-                                    "more than {} cumulative series are held; export with \
+                                reject_n(
+                                    format!(
+                                        "more than {} cumulative series are held; export with \
                                      delta temporality",
-                                    cumulative.max_series
-                                ));
+                                        cumulative.max_series
+                                    ),
+                                    1,
+                                );
                                 continue;
                             }
                             // The series began after this server started: all of it is new.

@@ -539,37 +539,39 @@ pub fn decode_metrics(
     }
 }
 
-fn metrics_success(format: Format, accepted: MetricsAccepted) -> Response {
-    let body = match format {
-        Format::Protobuf => accepted.into_response().encode_to_vec(),
-        Format::Json if accepted.rejected == 0 => b"{}".to_vec(),
-        Format::Json => serde_json::to_vec(&serde_json::json!({
-            "partialSuccess": {
-                "rejectedDataPoints": accepted.rejected,
-                "errorMessage": accepted.error_message,
-            }
-        }))
-        .unwrap_or_default(),
-    };
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, format.content_type())],
-        body,
-    )
-        .into_response()
+fn success(format: Format, accepted: Accepted) -> Response {
+    let partial = (accepted.rejected > 0).then(|| {
+        serde_json::json!({
+            "rejectedSpans": accepted.rejected,
+            "errorMessage": accepted.error_message,
+        })
+    });
+    reply(format, &accepted.into_response(), partial)
 }
 
-fn success(format: Format, accepted: Accepted) -> Response {
-    let body = match format {
-        Format::Protobuf => accepted.into_response().encode_to_vec(),
-        Format::Json if accepted.rejected == 0 => b"{}".to_vec(),
-        Format::Json => serde_json::to_vec(&serde_json::json!({
-            "partialSuccess": {
-                "rejectedSpans": accepted.rejected,
-                "errorMessage": accepted.error_message,
-            }
-        }))
-        .unwrap_or_default(),
+fn metrics_success(format: Format, accepted: MetricsAccepted) -> Response {
+    let partial = (accepted.rejected > 0).then(|| {
+        serde_json::json!({
+            "rejectedDataPoints": accepted.rejected,
+            "errorMessage": accepted.error_message,
+        })
+    });
+    reply(format, &accepted.into_response(), partial)
+}
+
+/// A 200 with the export response: protobuf, or JSON carrying `partialSuccess` when given.
+fn reply(
+    format: Format,
+    response: &impl prost::Message,
+    partial: Option<serde_json::Value>,
+) -> Response {
+    let body = match (format, partial) {
+        (Format::Protobuf, _) => response.encode_to_vec(),
+        (Format::Json, None) => b"{}".to_vec(),
+        (Format::Json, Some(partial)) => {
+            serde_json::to_vec(&serde_json::json!({ "partialSuccess": partial }))
+                .unwrap_or_default()
+        }
     };
     (
         StatusCode::OK,

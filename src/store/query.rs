@@ -482,10 +482,26 @@ where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    let mut q: QueryBuilder<DB> = QueryBuilder::new(format!(
-        "SELECT {ROLLUP_COLUMNS} FROM {table} WHERE minute_unix_nano >= "
-    ));
-    q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
+    let mut q: QueryBuilder<DB> =
+        QueryBuilder::new(format!("SELECT {ROLLUP_COLUMNS} FROM {table} WHERE "));
+    push_hop_minutes(&mut q, since, until, service, operation);
+    q
+}
+
+/// The conditions of a per-(hop, minute) table's read: minutes in `[since, until)`, and
+/// optionally one service or operation.
+pub(crate) fn push_hop_minutes<DB: Database>(
+    q: &mut QueryBuilder<DB>,
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+    operation: Option<&str>,
+) where
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    q.push("minute_unix_nano >= ")
+        .push_bind(i64::try_from(since).unwrap_or(i64::MAX))
         .push(" AND minute_unix_nano < ")
         .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
     if let Some(service) = service {
@@ -494,7 +510,6 @@ where
     if let Some(operation) = operation {
         q.push(" AND operation = ").push_bind(operation.to_string());
     }
-    q
 }
 
 /// `SUMMARY_COLUMNS` qualified with the summaries' alias `ts`, for joins.

@@ -118,17 +118,9 @@ where
          SUM(received_sum_ms) AS received_sum_ms, \
          CAST(SUM(remaining_count) AS BIGINT) AS remaining_count, \
          SUM(remaining_sum_ms) AS remaining_sum_ms \
-         FROM hop_metrics WHERE minute_unix_nano >= ",
+         FROM hop_metrics WHERE ",
     );
-    q.push_bind(i64::try_from(since).unwrap_or(i64::MAX))
-        .push(" AND minute_unix_nano < ")
-        .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
-    if let Some(service) = service {
-        q.push(" AND service = ").push_bind(service.to_string());
-    }
-    if let Some(operation) = operation {
-        q.push(" AND operation = ").push_bind(operation.to_string());
-    }
+    super::query::push_hop_minutes(&mut q, since, until, service, operation);
     q.push(" GROUP BY service, operation ORDER BY service, operation");
     q
 }
