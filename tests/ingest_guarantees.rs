@@ -138,22 +138,25 @@ async fn a_full_queue_refuses_with_retry_hints_and_loses_nothing_it_accepted() {
 async fn a_full_memory_budget_refuses_with_retry_hints_and_recovers() {
     use tokio::io::AsyncWriteExt as _;
     let db = TestDb::sqlite();
-    let server = start(&db, &["--memory-limit", "256MiB"]).await;
+    // A long quiet period keeps the analyzer's pass, which reserves memory of its own and
+    // frees the spans held for it, out of the budget while the test fills it.
+    let server = start(&db, &["--memory-limit", "256MiB", "--quiet-period", "1h"]).await;
     let addr = server.otlp_http_addr;
-    let mut held = Vec::new();
-    for mib in [20u64, 20, 20, 20, 20, 20, 8] {
+    let hold = |bytes: u64| async move {
         let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
         let head = format!(
             "POST /v1/traces HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-protobuf\r\n\
-             Content-Length: {}\r\n\r\n",
-            mib << 20
+             Content-Length: {bytes}\r\n\r\n"
         );
         socket.write_all(head.as_bytes()).await.unwrap();
-        held.push(socket);
-    }
+        socket
+    };
     let client = reqwest::Client::new();
     let body = request(1, 5).encode_to_vec();
-    // The held requests reserve their declared length as soon as their headers are read.
+    // A held request reserves its declared length once its headers are read, and only if
+    // it fits in what is free then (a probe read first takes room too): halving lengths,
+    // from half the pool down to 256 bytes, leave less free than the probe needs.
+    let mut held = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (retry_after, text) = loop {
         let response = post(&client, addr, body.clone()).await;
@@ -169,7 +172,10 @@ async fn a_full_memory_budget_refuses_with_retry_hints_and_recovers() {
             std::time::Instant::now() < deadline,
             "the budget never filled up"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        for shift in (8..=26).rev() {
+            held.push(hold(1 << shift).await);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(retry_after.as_deref(), Some("1"));
     assert!(text.contains("memory limit (--memory-limit)"), "{text}");
