@@ -80,9 +80,10 @@ fn demo_explains_an_unreachable_server() {
     );
 }
 
-/// The flags the live demo's shop produces, read back over the JSON API: each counted one
-/// in the hop statistics, the others by trace search.
-async fn missing_flags(client: &reqwest::Client, ui: &str) -> Vec<String> {
+/// What the live demo's shop produces and the server has not shown yet, read back over the
+/// JSON API: each flag (the counted ones in the hop statistics, the others by trace
+/// search), each service's deadline metrics, and metric exceeds of both origins.
+async fn not_shown(client: &reqwest::Client, ui: &str) -> Vec<String> {
     let mut missing = Vec::new();
     let hops: serde_json::Value = match client.get(format!("{ui}api/hops")).send().await {
         Ok(response) => {
@@ -94,6 +95,20 @@ async fn missing_flags(client: &reqwest::Client, ui: &str) -> Vec<String> {
     for flag in budgetscope::analyze::hops::COUNTED {
         if !hops.iter().any(|hop| hop[flag].as_i64().unwrap_or(0) > 0) {
             missing.push(flag.to_string());
+        }
+    }
+    let metric = |hop: &serde_json::Value, key: &str| hop["metrics"][key].as_i64().unwrap_or(0);
+    for service in ["gateway", "orders", "inventory", "billing"] {
+        if !hops
+            .iter()
+            .any(|hop| hop["service"] == service && metric(hop, "requests") > 0)
+        {
+            missing.push(format!("metrics of {service}"));
+        }
+    }
+    for origin in ["local_exceeds", "inherited_exceeds"] {
+        if !hops.iter().any(|hop| metric(hop, origin) > 0) {
+            missing.push(format!("metric {origin}"));
         }
     }
     for flag in ["wasted", "unsafe_retry", "missing_parent"] {
@@ -165,16 +180,16 @@ async fn the_live_demo_shows_every_flag_and_stops_cleanly_on_ctrl_c() {
     // a hung demo, not a timing assertion.
     let client = reqwest::Client::new();
     let started = Instant::now();
-    let mut missing = missing_flags(&client, &ui).await;
+    let mut missing = not_shown(&client, &ui).await;
     while !missing.is_empty() && started.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        missing = missing_flags(&client, &ui).await;
+        missing = not_shown(&client, &ui).await;
     }
     assert!(
         missing.is_empty(),
         "never shown: {missing:?}; demo said {output:?}"
     );
-    eprintln!("every flag shown after {:?}", started.elapsed());
+    eprintln!("every flag and metric shown after {:?}", started.elapsed());
 
     // The pages a new user opens first answer.
     for page in ["", "traces", "help/budget-semantics"] {

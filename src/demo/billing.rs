@@ -213,6 +213,11 @@ async fn charge(
         Ok(_) => 0,
         Err(status) => status.code() as i64,
     };
+    service.meters.answered(
+        "demo.Billing/Charge",
+        deadline,
+        code == tonic::Code::DeadlineExceeded as i64,
+    );
     cx.span()
         .set_attribute(KeyValue::new("rpc.grpc.status_code", code));
     end_span(&cx, outcome.as_ref().err().map(|s| s.message().to_string()));

@@ -172,6 +172,11 @@ pub(super) async fn gateway(service: Arc<Service>, headers: HeaderMap) -> Status
         )
         .await
     };
+    service.meters.answered(
+        "POST /checkout",
+        Some(deadline),
+        outcome == Outcome::Exceeded,
+    );
     finish_http(&cx, outcome)
 }
 
@@ -202,6 +207,9 @@ pub(super) async fn orders(service: Arc<Service>, headers: HeaderMap) -> StatusC
     if outcome == Outcome::Ok {
         outcome = charge_payment(&service, &cx, deadline, fault, &order).await;
     }
+    service
+        .meters
+        .answered("POST /orders", deadline, outcome == Outcome::Exceeded);
     finish_http(&cx, outcome)
 }
 
@@ -306,6 +314,9 @@ pub(super) async fn inventory(service: Arc<Service>, headers: HeaderMap) -> Stat
         (Fault::FreshRetry, _) => work(between(300, 320), deadline).await,
         _ => work(between(20, 40), deadline).await,
     };
+    service
+        .meters
+        .answered("POST /reserve", deadline, outcome == Outcome::Exceeded);
     finish_http(&cx, outcome)
 }
 

@@ -204,7 +204,9 @@ async fn live(args: &DemoArgs, shutdown: impl Future<Output = ()>) -> anyhow::Re
         _ = shutdown => {}
         _ = progress => {}
     }
-    eprintln!("stopping the demo: waiting for requests in flight, sending the last spans…");
+    eprintln!(
+        "stopping the demo: waiting for requests in flight, sending the last spans and metrics…"
+    );
     stop.cancel();
     let _ = load.await;
     shop.shutdown().await;

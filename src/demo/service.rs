@@ -1,13 +1,13 @@
 //! What every service of the demo's shop shares: the headers, the budget rules it follows
 //! (reserve, fail-fast threshold, fallback), the `Fault` the load generator switches on,
-//! how a call ended (`Outcome`), and the service's tracer and HTTP client.
+//! how a call ended (`Outcome`), and the service's tracer, meters and HTTP client.
 
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use opentelemetry_sdk::trace::SdkTracer;
 
-use super::telemetry::Deadline;
+use super::telemetry::{Deadline, DeadlineMeters};
 
 pub const BUDGET_HEADER: &str = "x-request-budget-ms";
 
@@ -129,9 +129,11 @@ impl Outcome {
     }
 }
 
-/// What every service holds: its tracer and an HTTP client, plus where its callees are.
+/// What every service holds: its tracer, its deadline metrics and an HTTP client, plus
+/// where its callees are.
 pub(super) struct Service {
     pub(super) tracer: SdkTracer,
+    pub(super) meters: DeadlineMeters,
     pub(super) http: reqwest::Client,
     /// `gateway`: orders, and the proxy in front of it. `orders`: inventory and billing.
     pub(super) next: Vec<String>,

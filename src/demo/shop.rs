@@ -21,6 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -30,11 +31,11 @@ use super::service::{Service, in_own_task};
 use super::telemetry::{self, Otlp};
 use super::{billing, http};
 
-/// The running shop: its services' listeners and tracer providers.
+/// The running shop: its services' listeners and tracer and meter providers.
 pub struct Shop {
     /// Where the load generator sends requests: `POST {gateway}/checkout`.
     pub gateway: String,
-    providers: Vec<SdkTracerProvider>,
+    providers: Vec<(SdkTracerProvider, SdkMeterProvider)>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -68,9 +69,16 @@ impl Shop {
             let runtime = runtime.clone();
             let http = http.clone();
             async move {
-                let provider = telemetry::provider(name, otlp, runtime).await?;
+                let telemetry = telemetry::telemetry(name, otlp, runtime).await?;
+                let provider = telemetry.tracer_provider;
                 let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "demo");
-                anyhow::Ok((provider, Arc::new(Service { tracer, http, next })))
+                let service = Service {
+                    tracer,
+                    meters: telemetry.meters,
+                    http,
+                    next,
+                };
+                anyhow::Ok(((provider, telemetry.meter_provider), Arc::new(service)))
             }
         };
         let (p, gateway) = service(
@@ -154,7 +162,7 @@ impl Shop {
         })
     }
 
-    /// Stops the services and sends every span they still hold.
+    /// Stops the services and sends every span and metric they still hold.
     pub async fn shutdown(self) {
         self.stop.cancel();
         for task in self.tasks {
@@ -162,14 +170,15 @@ impl Shop {
         }
         let providers = self.providers;
         let flushed = tokio::task::spawn_blocking(move || {
-            providers
-                .iter()
-                .map(|provider| provider.shutdown())
-                .find_map(Result::err)
+            // Every provider is shut down, whichever fails.
+            let spans = providers.iter().map(|(spans, _)| spans.shutdown());
+            let metrics = providers.iter().map(|(_, metrics)| metrics.shutdown());
+            let results: Vec<_> = spans.chain(metrics).collect();
+            results.into_iter().find_map(Result::err)
         })
         .await;
         if let Ok(Some(error)) = flushed {
-            tracing::warn!(%error, "a demo service could not send its last spans");
+            tracing::warn!(%error, "a demo service could not send its last spans or metrics");
         }
     }
 }
