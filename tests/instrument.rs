@@ -1,6 +1,7 @@
 //! docs/instrument.md's Python and Rust snippets, run as the guide shows them: two services
 //! (checkout → inventory) with real OpenTelemetry SDKs export to a real server, which reads
-//! the budgets they record. The guide must hold each snippet verbatim.
+//! the budgets they record (and, from Python, the deadline metrics). The guide must hold
+//! each snippet verbatim.
 
 mod common;
 
@@ -96,6 +97,42 @@ fn check_fail_fast(trace: &Value) {
     assert_eq!(trace["analysis"]["flag_counts"]["refused"], 1, "{trace}");
 }
 
+/// Waits for the deadline metrics of `service`'s `hop` to reach `(requests, local exceeds,
+/// inherited exceeds)` on `/api/hops`, and checks they stop there.
+async fn check_metrics(
+    server: &budgetscope::server::RunningServer,
+    service: &str,
+    hop: &str,
+    expected: (i64, i64, i64),
+) {
+    let started = Instant::now();
+    loop {
+        let (_, hops) = get_json(server, "/api/hops").await;
+        let metrics = hops["hops"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|h| h["service"] == service && h["operation"] == hop)
+            .map(|h| h["metrics"].clone())
+            .unwrap_or_default();
+        let count = |key: &str| metrics[key].as_i64().unwrap_or(0);
+        let got = (
+            count("requests"),
+            count("local_exceeds"),
+            count("inherited_exceeds"),
+        );
+        if got.0 >= expected.0 {
+            assert_eq!(got, expected, "{service} {hop}: {metrics}");
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{service} {hop}: metrics {metrics}, expected {expected:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_middleware_records_and_forwards_the_budget() {
     let python = std::env::var("BUDGETSCOPE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -130,7 +167,11 @@ async fn the_python_middleware_records_and_forwards_the_budget() {
         "{stdout}{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(stdout.trim(), "800 200\n15 504");
+    assert_eq!(stdout.trim(), "800 200\n15 504\n-5 504\n100 504");
+    // Every request counted in the metrics; the request that arrived spent is checkout's
+    // inherited exceed, the slow one inventory's local exceed (checkout passed it on).
+    check_metrics(&server, "py-checkout", "POST /checkout", (4, 0, 1)).await;
+    check_metrics(&server, "py-inventory", "POST /reserve", (2, 1, 0)).await;
     check_budgets(
         &trace_with_budget(&server, "py-checkout", 800.0).await,
         "py-checkout",

@@ -3,9 +3,11 @@ spans, forward what is left, and fail fast when too little is left.
 
 BudgetMiddleware wraps any WSGI app (Flask: `app.wsgi_app = BudgetMiddleware(app.wsgi_app,
 tracer)`; Django: wrap `get_wsgi_application()`). post_with_budget makes an HTTP call
-within the request's budget.
+within the request's budget. DeadlineMetrics, given to BudgetMiddleware, also records the
+deadline metrics, which count every request when traces are sampled.
 """
 
+import contextvars
 import math
 import socket
 import time
@@ -25,6 +27,10 @@ class DeadlineExceeded(Exception):
     """Too little budget left: answer 504 (HTTP) or DEADLINE_EXCEEDED (gRPC)."""
 
 
+# The calls of the current request whose callee ran out of budget (BudgetMiddleware sets it).
+_callee_exceeded = contextvars.ContextVar("callee_exceeded", default=None)
+
+
 def _budget_ms(value):
     try:
         budget = float(value)
@@ -33,14 +39,38 @@ def _budget_ms(value):
     return budget if math.isfinite(budget) else None
 
 
+class DeadlineMetrics:
+    """The deadline metrics of a service's hops, from an OpenTelemetry meter."""
+
+    def __init__(self, meter):
+        self.received = meter.create_histogram("deadline.budget_received", unit="ms")
+        self.remaining = meter.create_histogram("deadline.budget_remaining", unit="ms")
+        self.exceeded = meter.create_counter("deadline.exceeded")
+
+    def answered(self, hop, budget_ms, deadline, status, passed_on=False):
+        """Records one request `hop` answered with HTTP `status`. A 504 is this hop's
+        exceed when the request arrived with nothing left (inherited) or the deadline
+        passed here (local); a 504 `passed_on` from a callee is the callee's to count."""
+        remaining_ms = (deadline - time.monotonic()) * 1000
+        # Histograms take no negative values (the SDK drops them): a spent budget is 0.
+        self.received.record(max(budget_ms, 0), {"hop": hop})
+        self.remaining.record(max(remaining_ms, 0), {"hop": hop})
+        if status == 504 and budget_ms <= 0:
+            self.exceeded.add(1, {"hop": hop, "origin": "inherited"})
+        elif status == 504 and remaining_ms <= 0 and not passed_on:
+            self.exceeded.add(1, {"hop": hop, "origin": "local"})
+
+
 class BudgetMiddleware:
     """Starts each request's SERVER span with the budget it received and puts the request's
-    deadline (a time.monotonic() value) in environ["budget.deadline"]."""
+    deadline (a time.monotonic() value) in environ["budget.deadline"]; with `metrics` (a
+    DeadlineMetrics), records each answered request there too."""
 
-    def __init__(self, app, tracer, default_budget_ms=None):
+    def __init__(self, app, tracer, default_budget_ms=None, metrics=None):
         self.app = app
         self.tracer = tracer
         self.default_budget_ms = default_budget_ms  # for edge services: a request budget
+        self.metrics = metrics
 
     def __call__(self, environ, start_response):
         headers = {
@@ -62,21 +92,35 @@ class BudgetMiddleware:
             span.set_attribute("deadline.remaining_ms", budget)
             environ["budget.deadline"] = time.monotonic() + budget / 1000
 
+        answered = []
+
         def recording_start_response(status, response_headers, exc_info=None):
             code = int(status.split()[0])
+            answered.append(code)
             span.set_attribute("http.response.status_code", code)
             if code >= 500:
                 span.set_status(trace.Status(trace.StatusCode.ERROR))
             return start_response(status, response_headers, exc_info)
 
         token = context.attach(trace.set_span_in_context(span))
+        callee_exceeded = []
+        callee_token = _callee_exceeded.set(callee_exceeded)
         try:
             # Apps that stream their body keep working after this returns; the span
             # ends when the app returns its iterable.
             return self.app(environ, recording_start_response)
         finally:
+            _callee_exceeded.reset(callee_token)
             context.detach(token)
             span.end()
+            if self.metrics is not None and budget is not None and answered:
+                self.metrics.answered(
+                    f"{method} {path}",
+                    budget,
+                    environ["budget.deadline"],
+                    answered[-1],
+                    passed_on=bool(callee_exceeded),
+                )
 
 
 def post_with_budget(tracer, url, deadline, body=b""):
@@ -105,6 +149,7 @@ def post_with_budget(tracer, url, deadline, body=b""):
         except urllib.error.HTTPError as error:
             span.set_attribute("http.response.status_code", error.code)
             if error.code == 504:
+                _note_callee_exceeded(url)
                 raise DeadlineExceeded(f"{url} ran out of budget") from error
             raise
         except (urllib.error.URLError, TimeoutError) as error:
@@ -112,4 +157,11 @@ def post_with_budget(tracer, url, deadline, body=b""):
             if not isinstance(reason, (socket.timeout, TimeoutError)):
                 raise
             span.set_attribute("error.type", "timeout")
+            _note_callee_exceeded(url)
             raise DeadlineExceeded(f"gave up on {url} after {remaining:.0f} ms") from error
+
+
+def _note_callee_exceeded(url):
+    calls = _callee_exceeded.get()
+    if calls is not None:
+        calls.append(url)
