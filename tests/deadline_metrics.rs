@@ -1,6 +1,6 @@
 //! The deadline metrics over OTLP: the real OpenTelemetry Rust SDK's metrics exporter (gRPC,
 //! HTTP/protobuf, HTTP/JSON; delta and cumulative) → a real server → `/api/hops` and the
-//! hop page, on both stores; and bad input.
+//! hop page, on both stores; backtests of the `metric_*` alert signals; and bad input.
 
 mod common;
 
@@ -234,4 +234,91 @@ async fn bad_metrics_are_refused_or_left_out_without_losing_good_points() {
         "{page}"
     );
     server.shutdown().await;
+}
+
+/// A backtest of a `metric_*` rule reads the stored metrics minute by minute: two bursts of
+/// local exceeds reported 2 h and 1 h ago (delta points, no traces at all) are two
+/// episodes, and the quiet minutes between them resolve the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_signals_are_backtested_over_the_stored_minutes() {
+    const MINUTE: u64 = 60_000_000_000;
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let server = start(&db, &[]).await;
+        let now = common::now_nanos();
+        let point = |ago_min: u64, origin: &str, count: u64| {
+            let time = now - ago_min * MINUTE;
+            serde_json::json!({
+                "attributes": [
+                    {"key": "hop", "value": {"stringValue": HOP}},
+                    {"key": "origin", "value": {"stringValue": origin}},
+                ],
+                "startTimeUnixNano": (time - MINUTE).to_string(),
+                "timeUnixNano": time.to_string(),
+                "asInt": count.to_string(),
+            })
+        };
+        let points = vec![
+            point(121, "local", 30),
+            point(120, "local", 25),
+            point(90, "local", 1),
+            point(90, "inherited", 40),
+            point(60, "local", 50),
+        ];
+        let request = serde_json::json!({"resourceMetrics": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "metered"}}]},
+            "scopeMetrics": [{"metrics": [{"name": "deadline.exceeded", "sum": {
+                "aggregationTemporality": 1, "isMonotonic": true, "dataPoints": points
+            }}]}]
+        }]});
+        let (status, body) = post(
+            &server,
+            "application/json",
+            request.to_string().into_bytes(),
+        )
+        .await;
+        assert_eq!((status, body.as_str()), (200, "{}"), "{backend}");
+
+        let rule = serde_json::json!({
+            "service": "metered", "signal": "metric_local_exceed_count",
+            "op": ">", "threshold": 10, "window": "5m",
+        });
+        let response = reqwest::Client::new()
+            .post(format!(
+                "http://{}/api/alerts/rules/backtest",
+                server.http_addr
+            ))
+            .header("content-type", "application/json")
+            .body(rule.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{backend}");
+        let backtest: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        assert_eq!(backtest["hops_selected"], 1, "{backend}: {backtest}");
+        let episodes = backtest["episodes"].as_array().unwrap();
+        assert_eq!(episodes.len(), 2, "{backend}: one per burst: {backtest}");
+        let minute_of = |ago_min: u64| {
+            let time = now - ago_min * MINUTE;
+            time - time % MINUTE
+        };
+        for (episode, burst) in episodes.iter().zip([121, 60]) {
+            assert_eq!(episode["operation"], HOP, "{backend}: {backtest}");
+            // Fires at the end of the burst's first minute, once it is in the window.
+            assert_eq!(
+                episode["fired_at"],
+                minute_of(burst) + MINUTE,
+                "{backend}: {backtest}"
+            );
+        }
+        // Both minutes of the first burst are in the window at its worst.
+        assert_eq!(episodes[0]["worst_value"], 55.0, "{backend}: {backtest}");
+        assert_eq!(
+            episodes[0]["resolved_at"],
+            minute_of(120) + 6 * MINUTE,
+            "{backend}: the window passes the burst: {backtest}"
+        );
+        server.shutdown().await;
+    }
 }

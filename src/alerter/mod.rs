@@ -27,6 +27,7 @@ use crate::analyze::hops::Rollup;
 use crate::lease::Lease;
 use crate::store::alerts::AlertWrite;
 use crate::store::query::TraceQuery;
+use crate::store::reported::ReportedRow;
 use crate::store::{Store, StoreError};
 
 const MINUTE: u64 = 60_000_000_000;
@@ -113,7 +114,7 @@ async fn read_windows(
     for length in lengths {
         let (since, until) = window_range(now, delay, *length);
         let merged = windows.entry(*length).or_default();
-        for row in store.reported(since, until, None, None).await? {
+        for row in store.reported(since, until, None, None, false).await? {
             merged
                 .entry((row.service, row.operation))
                 .or_default()
@@ -465,20 +466,37 @@ pub async fn backtest(
             false,
         )
         .await?;
+    // The hops' deadline metrics, minute by minute beside the traces' rollups.
+    let reported = store
+        .reported(
+            since,
+            to,
+            rule.service.literal(),
+            rule.operation.literal(),
+            true,
+        )
+        .await?;
     let mut minutes: crate::alerts::backtest::MinuteRollups = BTreeMap::new();
-    for row in rows {
+    for row in rows
+        .into_iter()
+        .chain(reported.into_iter().map(ReportedRow::into_rollup_row))
+    {
         if rule.service.matches(&row.service) && rule.operation.matches(&row.operation) {
             minutes
                 .entry((row.service, row.operation))
                 .or_default()
-                .insert(row.minute_unix_nano, row.rollup);
+                .entry(row.minute_unix_nano)
+                .or_default()
+                .merge(&row.rollup);
         }
     }
     let selected = minutes.len();
     if selected > BACKTEST_HOPS {
+        // Traffic: the traces' requests, or the metrics' where they count more.
+        let traffic = |r: &Rollup| r.requests.max(r.reported.received_count);
         let mut by_traffic: Vec<(i64, HopKey)> = minutes
             .iter()
-            .map(|(key, m)| (-m.values().map(|r| r.requests).sum::<i64>(), key.clone()))
+            .map(|(key, m)| (-m.values().map(traffic).sum::<i64>(), key.clone()))
             .collect();
         by_traffic.sort();
         let kept: BTreeSet<HopKey> = by_traffic

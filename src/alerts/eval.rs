@@ -202,7 +202,11 @@ impl Reading {
         Reading {
             value: signal_value(rule.signal, long, rule.objective),
             short_value,
-            requests: long.requests,
+            requests: if rule.signal.reads_metrics() {
+                long.reported.received_count
+            } else {
+                long.requests
+            },
         }
     }
 
@@ -620,6 +624,25 @@ mod tests {
             signal_value(Signal::MetricLocalExceedRatio, &Rollup::default(), None),
             None,
             "no metrics: no data, not 0"
+        );
+    }
+
+    #[test]
+    fn min_requests_of_a_metric_signal_counts_the_metrics_requests() {
+        let mut rule = rule("");
+        rule.signal = Signal::MetricLocalExceedCount;
+        rule.threshold = 5.0;
+        let mut hops = hop(3, 0); // 3 sampled traces: under min_requests (20)
+        let rollup = hops.values_mut().next().unwrap();
+        rollup.reported.received_count = 300;
+        rollup.reported.local_exceeds = 30;
+        let out = evaluate(&rule, 1_000 * S, long(&hops), &BTreeMap::new());
+        assert_eq!(out.changes.len(), 1, "fires on the metrics' 300 requests");
+        hops.values_mut().next().unwrap().reported.received_count = 10;
+        let out = evaluate(&rule, 1_000 * S, long(&hops), &BTreeMap::new());
+        assert!(
+            out.changes.is_empty(),
+            "10 requests in the metrics: too few"
         );
     }
 

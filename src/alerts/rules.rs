@@ -85,6 +85,17 @@ impl Signal {
         }
     }
 
+    /// Whether the signal reads the deadline metrics the hops export rather than the traces:
+    /// their requests are the metrics' too (budgets received), for `min_requests`.
+    pub fn reads_metrics(self) -> bool {
+        matches!(
+            self,
+            Signal::MetricLocalExceedCount
+                | Signal::MetricInheritedExceedCount
+                | Signal::MetricLocalExceedRatio
+        )
+    }
+
     /// The flag whose traces show the problem, for example traces in notifications.
     pub fn flag(self) -> Option<Flag> {
         match self {

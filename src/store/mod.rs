@@ -155,14 +155,16 @@ pub trait Store: AlertStore + Send + Sync + 'static {
     /// transaction.
     async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError>;
 
-    /// Each hop's deadline metrics summed over `[since, until)` (minute-aligned),
-    /// optionally of one service or operation; each row's minute is `since`.
+    /// Each hop's deadline metrics summed over `[since, until)` (minute-aligned; each
+    /// row's minute is `since`), or each minute's when `by_minute`, optionally of one
+    /// service or operation.
     async fn reported(
         &self,
         since_unix_nano: u64,
         until_unix_nano: u64,
         service: Option<&str>,
         operation: Option<&str>,
+        by_minute: bool,
     ) -> Result<Vec<ReportedRow>, StoreError>;
 
     /// Summaries matching the query, newest first.

@@ -494,13 +494,20 @@ impl Store for PostgresStore {
         until_unix_nano: u64,
         service: Option<&str>,
         operation: Option<&str>,
+        by_minute: bool,
     ) -> Result<Vec<ReportedRow>, StoreError> {
-        let mut q =
-            reported_query::<Postgres>(since_unix_nano, until_unix_nano, service, operation);
+        let mut q = reported_query::<Postgres>(
+            since_unix_nano,
+            until_unix_nano,
+            service,
+            operation,
+            by_minute,
+        );
         let found: Vec<StoredReported> = q.build_query_as().fetch_all(&self.pool).await?;
+        let range_start = (!by_minute).then_some(since_unix_nano);
         Ok(found
             .into_iter()
-            .map(|row| row.decode(since_unix_nano))
+            .map(|row| row.decode(range_start))
             .collect())
     }
 

@@ -1,23 +1,40 @@
 //! The hops' deadline metrics (`hop_metrics`), written once for both stores: per (service,
 //! operation, minute), added to on every write, so deltas from any number of exporters
-//! and servers sum; read summed over a range.
+//! and servers sum; read summed over a range, or per minute.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
-use crate::analyze::hops::Reported;
+use super::rollup::HopRollupRow;
+use crate::analyze::hops::{Reported, Rollup};
 
 /// Rows per statement: 9 parameters each, within SQLite's 32,766 and Postgres's 65,535.
 const CHUNK: usize = 1_000;
 
-/// One hop's deadline metrics for one minute (writes), or summed over a range (reads,
-/// whose `minute_unix_nano` is the range's start).
+/// One hop's deadline metrics for one minute (writes and per-minute reads), or summed over
+/// a range (reads, whose `minute_unix_nano` is the range's start).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReportedRow {
     pub service: String,
     pub operation: String,
     pub minute_unix_nano: u64,
     pub reported: Reported,
+}
+
+impl ReportedRow {
+    /// As a rollup row of its hop and minute with nothing but `reported` set, to merge with
+    /// the traces' rollups.
+    pub fn into_rollup_row(self) -> HopRollupRow {
+        HopRollupRow {
+            service: self.service,
+            operation: self.operation,
+            minute_unix_nano: self.minute_unix_nano,
+            rollup: Rollup {
+                reported: self.reported,
+                ..Rollup::default()
+            },
+        }
+    }
 }
 
 /// Adds `rows` to the stored minutes, inside the caller's transaction. The rows must have
@@ -70,6 +87,7 @@ where
 pub(crate) struct StoredReported {
     service: String,
     operation: String,
+    minute_unix_nano: i64,
     local_exceeds: i64,
     inherited_exceeds: i64,
     received_count: i64,
@@ -79,12 +97,13 @@ pub(crate) struct StoredReported {
 }
 
 impl StoredReported {
-    /// The row of a range starting at `since`.
-    pub fn decode(self, since: u64) -> ReportedRow {
+    /// The row of its minute, or of a range starting at `range_start`.
+    pub fn decode(self, range_start: Option<u64>) -> ReportedRow {
         ReportedRow {
             service: self.service,
             operation: self.operation,
-            minute_unix_nano: since,
+            minute_unix_nano: range_start
+                .unwrap_or_else(|| u64::try_from(self.minute_unix_nano).unwrap_or(0)),
             reported: Reported {
                 local_exceeds: self.local_exceeds,
                 inherited_exceeds: self.inherited_exceeds,
@@ -97,30 +116,41 @@ impl StoredReported {
     }
 }
 
-/// The query of each hop's metrics summed over `[since, until)`, optionally of one service
-/// or operation, as `StoredReported` rows.
+/// The query of each hop's metrics summed over `[since, until)`, or per minute when
+/// `by_minute`, optionally of one service or operation, as `StoredReported` rows.
 pub(crate) fn reported_query<DB: Database>(
     since: u64,
     until: u64,
     service: Option<&str>,
     operation: Option<&str>,
+    by_minute: bool,
 ) -> QueryBuilder<DB>
 where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
+    let minute = if by_minute {
+        "minute_unix_nano"
+    } else {
+        "MIN(minute_unix_nano) AS minute_unix_nano"
+    };
     // CAST: Postgres sums BIGINT into NUMERIC.
-    let mut q = QueryBuilder::<DB>::new(
-        "SELECT service, operation, \
+    let mut q = QueryBuilder::<DB>::new(format!(
+        "SELECT service, operation, {minute}, \
          CAST(SUM(local_exceeds) AS BIGINT) AS local_exceeds, \
          CAST(SUM(inherited_exceeds) AS BIGINT) AS inherited_exceeds, \
          CAST(SUM(received_count) AS BIGINT) AS received_count, \
          SUM(received_sum_ms) AS received_sum_ms, \
          CAST(SUM(remaining_count) AS BIGINT) AS remaining_count, \
          SUM(remaining_sum_ms) AS remaining_sum_ms \
-         FROM hop_metrics WHERE ",
-    );
+         FROM hop_metrics WHERE "
+    ));
     super::query::push_hop_minutes(&mut q, since, until, service, operation);
-    q.push(" GROUP BY service, operation ORDER BY service, operation");
+    q.push(if by_minute {
+        " GROUP BY service, operation, minute_unix_nano \
+         ORDER BY service, operation, minute_unix_nano"
+    } else {
+        " GROUP BY service, operation ORDER BY service, operation"
+    });
     q
 }

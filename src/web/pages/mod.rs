@@ -205,18 +205,10 @@ pub async fn with_reported(
     operation: Option<&str>,
 ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
     Ok(store
-        .reported(since, until, service, operation)
+        .reported(since, until, service, operation, false)
         .await?
         .into_iter()
-        .map(|row| crate::store::rollup::HopRollupRow {
-            service: row.service,
-            operation: row.operation,
-            minute_unix_nano: row.minute_unix_nano,
-            rollup: crate::analyze::hops::Rollup {
-                reported: row.reported,
-                ..Default::default()
-            },
-        })
+        .map(crate::store::reported::ReportedRow::into_rollup_row)
         .collect())
 }
 
