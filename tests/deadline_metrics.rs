@@ -133,6 +133,33 @@ async fn sdk_exporters_deliver_the_deadline_metrics_to_the_hop_page() {
                 ),
                 "{context}: {page}"
             );
+            assert!(
+                page.contains("Deadline exceeded per interval from the deadline metrics"),
+                "{context}: the metrics' chart"
+            );
+            // The series' buckets hold the metrics of their minutes, adding up to the totals.
+            let (status, series) = get_json(
+                &server,
+                &format!("/api/hops/{service}/POST%20%2Fpay/series?since=-10m&step=1m"),
+            )
+            .await;
+            assert_eq!(status, 200, "{context}: {series}");
+            let points = series["points"].as_array().unwrap();
+            let sum = |key: &str| -> i64 {
+                points
+                    .iter()
+                    .map(|p| p["metrics"][key].as_i64().unwrap())
+                    .sum()
+            };
+            assert_eq!(
+                (
+                    sum("local_exceeds"),
+                    sum("inherited_exceeds"),
+                    sum("requests")
+                ),
+                (5, 4, 2),
+                "{context}: {series}"
+            );
             let overview = get_text(&server, "/").await;
             assert!(overview.contains("metrics: 5 local exceeds"), "{context}");
             let exposition = get_text(&server, "/metrics").await;

@@ -68,6 +68,18 @@ fn rollup_json(rollup: &Rollup, extra: Value) -> Value {
     if let Value::Object(q) = quantiles(rollup) {
         object.extend(q);
     }
+    // The hop's own deadline metrics (every request), beside the traces' numbers.
+    let r = &rollup.reported;
+    object.insert(
+        "metrics".into(),
+        json!({
+            "local_exceeds": r.local_exceeds,
+            "inherited_exceeds": r.inherited_exceeds,
+            "requests": r.received_count,
+            "budget_received_mean_ms": r.received_mean_ms(),
+            "budget_remaining_mean_ms": r.remaining_mean_ms(),
+        }),
+    );
     Value::Object(object)
 }
 
@@ -94,7 +106,8 @@ pub async fn hops(
         .hop_rollups(since, until, service, None, true)
         .await?;
     let reported =
-        crate::web::pages::with_reported(state.store.as_ref(), since, until, service, None).await?;
+        crate::web::pages::with_reported(state.store.as_ref(), since, until, service, None, false)
+            .await?;
     let mut merged: BTreeMap<(String, String), Rollup> = BTreeMap::new();
     for row in rows.into_iter().chain(reported) {
         merged
@@ -105,22 +118,7 @@ pub async fn hops(
     let hops: Vec<Value> = merged
         .iter()
         .map(|((service, operation), rollup)| {
-            // The hop's own deadline metrics (every request), beside the traces' numbers.
-            let r = &rollup.reported;
-            rollup_json(
-                rollup,
-                json!({
-                    "service": service,
-                    "operation": operation,
-                    "metrics": {
-                        "local_exceeds": r.local_exceeds,
-                        "inherited_exceeds": r.inherited_exceeds,
-                        "requests": r.received_count,
-                        "budget_received_mean_ms": r.received_mean_ms(),
-                        "budget_remaining_mean_ms": r.remaining_mean_ms(),
-                    },
-                }),
-            )
+            rollup_json(rollup, json!({"service": service, "operation": operation}))
         })
         .collect();
     Ok(Json(
@@ -170,13 +168,22 @@ pub async fn series(
         .store
         .hop_rollups(since, until, Some(&service), Some(&operation), hourly)
         .await?;
+    let reported = crate::web::pages::with_reported(
+        state.store.as_ref(),
+        since,
+        until,
+        Some(&service),
+        Some(&operation),
+        true,
+    )
+    .await?;
     let first = since - since % step;
     let mut buckets: BTreeMap<u64, Rollup> = (0..)
         .map(|i| first + i * step)
         .take_while(|start| *start < until)
         .map(|start| (start, Rollup::default()))
         .collect();
-    for row in rows {
+    for row in rows.into_iter().chain(reported) {
         let start = row.minute_unix_nano - row.minute_unix_nano % step;
         buckets.entry(start).or_default().merge(&row.rollup);
     }

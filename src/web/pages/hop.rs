@@ -71,6 +71,8 @@ pub struct HopPage {
     pub has_data: bool,
     pub budget_chart: String,
     pub exceeded_chart: String,
+    /// The same from the hop's deadline metrics, when it exports them.
+    pub metrics_chart: Option<String>,
     pub burn_chart: String,
     pub callers: Vec<Caller>,
     /// Where the budget of the already-spent requests ran out, most first.
@@ -90,7 +92,7 @@ pub async fn hop(
 ) -> Result<Response, PageError> {
     let range = TimeRange::from_query(&params)?;
     let rows = range
-        .rollups(state.store.as_ref(), Some(&service), Some(&operation))
+        .rollups(state.store.as_ref(), Some(&service), Some(&operation), true)
         .await?;
     let base_query = TraceQuery {
         service: Some(service.clone()),
@@ -157,7 +159,9 @@ pub async fn hop(
     for row in &rows {
         merged.merge(&row.rollup);
     }
-    let (exceeded_chart, _) = super::exceeded_chart(&range, &rows);
+    let (exceeded_chart, _) = super::exceeded_chart(&range, &rows, super::Exceeds::Traces);
+    let metrics_chart = (!merged.reported.is_empty())
+        .then(|| super::exceeded_chart(&range, &rows, super::Exceeds::Metrics).0);
     let range_query = range.query();
     let facts = vec![
         ("Requests", merged.requests.to_string()),
@@ -209,6 +213,7 @@ pub async fn hop(
             charts::NEUTRAL,
         ),
         exceeded_chart,
+        metrics_chart,
         burn_chart: charts::histogram(
             "Burn: share of the request budget spent in this hop",
             &bins(&merged.burn, |v| fmt_percent(Some(v))),

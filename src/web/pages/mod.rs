@@ -195,17 +195,19 @@ pub fn reported_line(rollup: &crate::analyze::hops::Rollup) -> Option<String> {
     })
 }
 
-/// Each hop's deadline metrics over `[since, until)` as rollup rows at `since` (nothing
-/// but `reported` set), to merge with the trace rollups.
+/// Each hop's deadline metrics over `[since, until)` as rollup rows (nothing but
+/// `reported` set), to merge with the trace rollups: one row per hop at `since`, or one
+/// per hop and minute when `by_minute`.
 pub async fn with_reported(
     store: &dyn crate::store::Store,
     since: u64,
     until: u64,
     service: Option<&str>,
     operation: Option<&str>,
+    by_minute: bool,
 ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
     Ok(store
-        .reported(since, until, service, operation, false)
+        .reported(since, until, service, operation, by_minute)
         .await?
         .into_iter()
         .map(crate::store::reported::ReportedRow::into_rollup_row)
@@ -417,19 +419,24 @@ impl TimeRange {
     }
 
     /// The rollup rows of this range at the resolution its chart buckets need (hour rows
-    /// only when every bucket is whole hours), optionally of one service or operation.
+    /// only when every bucket is whole hours), optionally of one service or operation,
+    /// and the deadline metrics' rows: per minute when `metrics_by_minute` (to chart
+    /// them), else one per hop at the range's start.
     pub async fn rollups(
         &self,
         store: &dyn crate::store::Store,
         service: Option<&str>,
         operation: Option<&str>,
+        metrics_by_minute: bool,
     ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
         let (since, until) = self.aligned();
         let hourly = self.step().is_multiple_of(60 * MINUTE);
         let mut rows = store
             .hop_rollups(since, until, service, operation, hourly)
             .await?;
-        rows.extend(with_reported(store, since, until, service, operation).await?);
+        rows.extend(
+            with_reported(store, since, until, service, operation, metrics_by_minute).await?,
+        );
         Ok(rows)
     }
 
@@ -469,6 +476,7 @@ impl TimeRange {
 pub fn exceeded_chart(
     range: &TimeRange,
     rows: &[crate::store::rollup::HopRollupRow],
+    source: Exceeds,
 ) -> (String, Vec<(String, i64, i64)>) {
     use super::charts::{self, Series};
     let (since, until) = range.aligned();
@@ -479,8 +487,18 @@ pub fn exceeded_chart(
     for row in rows {
         let at = (row.minute_unix_nano.saturating_sub(first) / step) as usize;
         if at < buckets {
-            local[at] += row.rollup.count("local_exceed") as f64;
-            inherited[at] += row.rollup.count("inherited_exceed") as f64;
+            let (l, i) = match source {
+                Exceeds::Traces => (
+                    row.rollup.count("local_exceed"),
+                    row.rollup.count("inherited_exceed"),
+                ),
+                Exceeds::Metrics => (
+                    row.rollup.reported.local_exceeds,
+                    row.rollup.reported.inherited_exceeds,
+                ),
+            };
+            local[at] += l as f64;
+            inherited[at] += i as f64;
         }
     }
     let long_range = until - since > 1440 * MINUTE;
@@ -494,7 +512,12 @@ pub fn exceeded_chart(
         .map(|(label, (l, i))| (label.clone(), *l as i64, *i as i64))
         .collect();
     let chart = charts::stacked_bars(
-        "Deadline exceeded per interval, local vs inherited",
+        match source {
+            Exceeds::Traces => "Deadline exceeded per interval, local vs inherited",
+            Exceeds::Metrics => {
+                "Deadline exceeded per interval from the deadline metrics, local vs inherited"
+            }
+        },
         &labels,
         &[
             Series {
@@ -510,6 +533,14 @@ pub fn exceeded_chart(
         ],
     );
     (chart, table)
+}
+
+/// Whose exceeds a chart counts: the analysed traces' flags, or the deadline metrics the
+/// hops export (every request, when traces are sampled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exceeds {
+    Traces,
+    Metrics,
 }
 
 /// A flag badge: the flag's name (text, never colour alone) and its message.

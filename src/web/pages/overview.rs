@@ -120,7 +120,9 @@ pub async fn overview(
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
     let range = TimeRange::from_query(&params)?;
-    let rows = range.rollups(state.store.as_ref(), None, None).await?;
+    let rows = range
+        .rollups(state.store.as_ref(), None, None, false)
+        .await?;
     let first_run = rows.is_empty() && state.store.services().await?.is_empty();
     let sort = params
         .get("sort")
@@ -294,7 +296,7 @@ pub fn build(
         })
         .collect();
 
-    let (chart, chart_rows) = super::exceeded_chart(&range, rows);
+    let (chart, chart_rows) = super::exceeded_chart(&range, rows, super::Exceeds::Traces);
     let total_requests = hops.iter().map(|(h, _)| h.requests).sum();
     let total_local = hops.iter().map(|(h, _)| h.local).sum();
     let total_inherited = hops.iter().map(|(h, _)| h.inherited).sum();
