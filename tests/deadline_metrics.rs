@@ -349,3 +349,74 @@ async fn metric_signals_are_backtested_over_the_stored_minutes() {
         server.shutdown().await;
     }
 }
+
+/// Text that is not UTF-8 (an exporter that copies bytes into a hop name) loses no point:
+/// over OTLP/HTTP protobuf and JSON the bad bytes become U+FFFD, the points beside them are
+/// stored, and the answer says what was repaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_with_text_that_is_not_utf8_keep_their_points() {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use prost::Message as _;
+    let db = TestDb::sqlite();
+    let server = start(&db, &[]).await;
+    // Two points of one counter: hops "GET /good" and "GET /b?d", the '?' made 0xff below.
+    let counter = |service: &str| {
+        serde_json::json!({"resourceMetrics": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+            "scopeMetrics": [{"metrics": [{"name": "deadline.exceeded", "sum": {
+                "aggregationTemporality": 1, "isMonotonic": true,
+                "dataPoints": [json_point(Some("GET /good"), "local", 3), json_point(Some("GET /b?d"), "local", 2)]
+            }}]}]
+        }]})
+    };
+    let broken = |mut body: Vec<u8>| {
+        let at = body.windows(8).position(|w| w == b"GET /b?d").unwrap() + 6;
+        body[at] = 0xff;
+        body
+    };
+    let proto: ExportMetricsServiceRequest = serde_json::from_value(counter("utf8-proto")).unwrap();
+    let bodies = [
+        (
+            "utf8-proto",
+            "application/x-protobuf",
+            broken(proto.encode_to_vec()),
+        ),
+        (
+            "utf8-json",
+            "application/json",
+            broken(counter("utf8-json").to_string().into_bytes()),
+        ),
+    ];
+    for (service, content_type, body) in bodies {
+        let (status, answer) = post(&server, content_type, body).await;
+        assert_eq!(status, 200, "{content_type}: {answer}");
+        if content_type == "application/json" {
+            let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+            assert_eq!(
+                answer["partialSuccess"]["rejectedDataPoints"], 0,
+                "{answer}"
+            );
+        }
+        // In the protobuf answer, the message is the partial success's only field.
+        assert!(
+            answer.contains("not valid UTF-8"),
+            "{content_type}: {answer}"
+        );
+        let (_, hops) = get_json(&server, &format!("/api/hops?service={service}")).await;
+        let local = |operation: &str| {
+            hops["hops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h["operation"] == operation)
+                .map(|h| h["metrics"]["local_exceeds"].clone())
+        };
+        assert_eq!(local("GET /good"), Some(3.into()), "{content_type}: {hops}");
+        assert_eq!(
+            local("GET /b\u{fffd}d"),
+            Some(2.into()),
+            "{content_type}: {hops}"
+        );
+    }
+    server.shutdown().await;
+}

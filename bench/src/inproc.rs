@@ -26,7 +26,8 @@ use crate::{
 /// receiver does: decoding the body with the generated OTLP types (prost, or their serde
 /// implementation for JSON).
 pub fn receive_bench(bench: &ReceiveBench) {
-    use budgetscope::receive::http::{Format, LOSSY_UTF8_WARNING, decode};
+    use budgetscope::receive::LOSSY_UTF8_WARNING;
+    use budgetscope::receive::http::{Format, decode};
     use budgetscope::receive::{otlp_json, prepare};
     let format = if bench.json {
         Format::Json

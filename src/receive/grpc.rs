@@ -31,9 +31,9 @@ use tonic::codegen::{BoxFuture, EnabledCompressionEncodings, StdError, http};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use super::http::LOSSY_UTF8_WARNING;
 use super::lenient::decode_request;
-use super::{BodyMemory, RETRY_AFTER, Receiver, refusal_message};
+use super::lenient_metrics::decode_metrics_request;
+use super::{BodyMemory, LOSSY_UTF8_WARNING, RETRY_AFTER, Receiver, refusal_message};
 use crate::auth::Tokens;
 use crate::ingest::IngestError;
 
@@ -106,12 +106,12 @@ impl Signal for Traces {
 }
 
 impl Signal for Metrics {
-    type Request = ExportMetricsServiceRequest;
+    /// An export request as `lenient_metrics::decode_metrics_request` returns it.
+    type Request = (ExportMetricsServiceRequest, bool);
     type Response = ExportMetricsServiceResponse;
 
     fn decode(body: bytes::Bytes) -> Result<Self::Request, Status> {
-        use prost::Message as _;
-        ExportMetricsServiceRequest::decode(body).map_err(|error| {
+        decode_metrics_request(body).map_err(|error| {
             Status::invalid_argument(format!(
                 "the request is not a valid ExportMetricsServiceRequest: {error}"
             ))
@@ -120,11 +120,11 @@ impl Signal for Metrics {
 
     fn export(
         receiver: Arc<Receiver>,
-        request: Self::Request,
+        (request, repaired): Self::Request,
     ) -> BoxFuture<Self::Response, IngestError> {
         Box::pin(async move {
             receiver
-                .export_metrics(request)
+                .export_metrics(request, repaired)
                 .await
                 .map(super::MetricsAccepted::into_response)
         })

@@ -24,8 +24,10 @@ use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::lenient::decode_request;
+use super::lenient_metrics::decode_metrics_request;
 use super::{
-    Accepted, BodyMemory, MetricsAccepted, RETRY_AFTER, Receiver, Rejection, refusal_message,
+    Accepted, BodyMemory, LOSSY_UTF8_WARNING, MetricsAccepted, RETRY_AFTER, Receiver, Rejection,
+    refusal_message,
 };
 use crate::auth::Tokens;
 use crate::ingest::IngestError;
@@ -233,15 +235,15 @@ async fn export_metrics_inner(
 ) -> Result<(Format, MetricsAccepted), OtlpHttpError> {
     let received = receive(state, headers, body).await?;
     let format = received.format;
-    let (request, memory) = tokio::task::spawn_blocking(move || {
+    let ((request, repaired), memory) = tokio::task::spawn_blocking(move || {
         let (body, memory) = received.inflate()?;
-        Ok((decode_metrics(&body, format)?, memory))
+        Ok((decode_metrics(body, format)?, memory))
     })
     .await
     .map_err(|_| interrupted(format))??;
     let accepted = state
         .receiver
-        .export_metrics(request)
+        .export_metrics(request, repaired)
         .await
         .map_err(|e| refused(format, e))?;
     drop(memory);
@@ -424,10 +426,6 @@ async fn discard(body: &mut Limited<Body>) {
 /// A gzip body is decompressed this many bytes at a time (its buffer accounted each step).
 const GUNZIP_STEP: u64 = 1 << 20;
 
-/// The warning put on spans of a JSON body that was not valid UTF-8.
-pub const LOSSY_UTF8_WARNING: &str =
-    "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
-
 fn content_format(headers: &HeaderMap) -> Result<Format, OtlpHttpError> {
     let value = headers
         .get(header::CONTENT_TYPE)
@@ -512,29 +510,36 @@ pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
     }
 }
 
-/// Decodes a metrics request (opentelemetry-proto's decoders: metrics requests are few).
+/// Decodes a metrics request, and tells whether text that was not UTF-8 was repaired
+/// (`lenient_metrics`; OTLP/JSON through a lossy conversion of the whole body).
 pub fn decode_metrics(
-    body: &[u8],
+    body: Bytes,
     format: Format,
-) -> Result<ExportMetricsServiceRequest, OtlpHttpError> {
+) -> Result<(ExportMetricsServiceRequest, bool), OtlpHttpError> {
     let bad = |message: String| {
         OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
     };
     match format {
-        Format::Protobuf => ExportMetricsServiceRequest::decode(body).map_err(|e| {
+        Format::Protobuf => decode_metrics_request(body).map_err(|e| {
             bad(format!(
                 "request body is not a valid OTLP ExportMetricsServiceRequest protobuf ({e}); \
                  check that Content-Type and Content-Encoding match what the exporter sends"
             ))
         }),
         Format::Json => {
-            let body = body.strip_prefix("\u{FEFF}".as_bytes()).unwrap_or(body);
-            serde_json::from_slice(body).map_err(|e| {
-                bad(format!(
-                    "request body is not valid OTLP/JSON for metrics ({e}); OTLP/JSON uses \
-                     lowerCamelCase keys and integer enum values"
-                ))
-            })
+            let (text, repaired) = match std::str::from_utf8(&body) {
+                Ok(text) => (std::borrow::Cow::Borrowed(text), false),
+                Err(_) => (String::from_utf8_lossy(&body), true),
+            };
+            let text = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
+            serde_json::from_str(text)
+                .map(|request| (request, repaired))
+                .map_err(|e| {
+                    bad(format!(
+                        "request body is not valid OTLP/JSON for metrics ({e}); OTLP/JSON uses \
+                         lowerCamelCase keys and integer enum values"
+                    ))
+                })
         }
     }
 }
@@ -550,7 +555,7 @@ fn success(format: Format, accepted: Accepted) -> Response {
 }
 
 fn metrics_success(format: Format, accepted: MetricsAccepted) -> Response {
-    let partial = (accepted.rejected > 0).then(|| {
+    let partial = accepted.is_partial().then(|| {
         serde_json::json!({
             "rejectedDataPoints": accepted.rejected,
             "errorMessage": accepted.error_message,

@@ -6,7 +6,8 @@
 //! the generated OTLP types, replacing invalid sequences with U+FFFD and reporting that it
 //! did. For valid text the conversion moves the bytes without copying. Receivers call
 //! `decode_request`, which tries the generated types first and these only for a body the
-//! generated types refuse.
+//! generated types refuse. `lenient_metrics` does the same for metrics requests, with the
+//! resource, scope, attribute and text types here.
 //!
 //! Field numbers follow opentelemetry-proto's trace.proto, common.proto and resource.proto
 //! (v1). Fields budgetscope does not keep (dropped counts, flags, schema URLs, trace state,
@@ -33,9 +34,9 @@ struct ResourceSpans {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct Resource {
+pub(super) struct Resource {
     #[prost(message, repeated, tag = "1")]
-    attributes: Vec<KeyValue>,
+    pub(super) attributes: Vec<KeyValue>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -47,11 +48,11 @@ struct ScopeSpans {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct Scope {
+pub(super) struct Scope {
     #[prost(bytes = "vec", tag = "1")]
-    name: Vec<u8>,
+    pub(super) name: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
-    version: Vec<u8>,
+    pub(super) version: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -109,7 +110,7 @@ struct Status {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
-struct KeyValue {
+pub(super) struct KeyValue {
     #[prost(bytes = "vec", tag = "1")]
     key: Vec<u8>,
     /// The `AnyValue` as encoded, read by `Text::value`: prost's recursion limit would
@@ -139,19 +140,19 @@ fn delimited(
 
 /// Collects whether any text had to be repaired.
 #[derive(Default)]
-struct Text {
-    repaired: bool,
+pub(super) struct Text {
+    pub(super) repaired: bool,
 }
 
 impl Text {
-    fn string(&mut self, bytes: Vec<u8>) -> String {
+    pub(super) fn string(&mut self, bytes: Vec<u8>) -> String {
         String::from_utf8(bytes).unwrap_or_else(|error| {
             self.repaired = true;
             String::from_utf8_lossy(error.as_bytes()).into_owned()
         })
     }
 
-    fn attributes(
+    pub(super) fn attributes(
         &mut self,
         attributes: Vec<KeyValue>,
     ) -> Result<Vec<common::KeyValue>, DecodeError> {

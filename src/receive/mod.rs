@@ -13,6 +13,7 @@ pub mod grpc;
 pub mod http;
 pub mod json_spans;
 pub mod lenient;
+pub mod lenient_metrics;
 pub mod otlp_json;
 
 use std::sync::Arc;
@@ -41,6 +42,11 @@ pub use json_spans::Rejection;
 /// more than the work: gRPC 100 spans × 8 senders, 5 pairs, 68.4k → 73.0k spans/s
 /// (BENCHMARKS.md).
 const INLINE_SPANS: usize = 128;
+
+/// The warning for a request whose text was not valid UTF-8: on its spans, or in the
+/// answer to a metrics request.
+pub const LOSSY_UTF8_WARNING: &str =
+    "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
 
 /// How long exporters are asked to wait before retrying a refused request.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -73,10 +79,16 @@ pub struct MetricsAccepted {
 }
 
 impl MetricsAccepted {
-    /// The OTLP response: `partial_success` only when some data points were left out.
+    /// Whether the answer says more than success: data points left out, or a warning.
+    pub fn is_partial(&self) -> bool {
+        self.rejected > 0 || !self.error_message.is_empty()
+    }
+
+    /// The OTLP response: `partial_success` only when some data points were left out or
+    /// there is a warning (with none left out).
     pub fn into_response(self) -> ExportMetricsServiceResponse {
         ExportMetricsServiceResponse {
-            partial_success: (self.rejected > 0).then(|| ExportMetricsPartialSuccess {
+            partial_success: self.is_partial().then(|| ExportMetricsPartialSuccess {
                 rejected_data_points: self.rejected,
                 error_message: self.error_message,
             }),
@@ -128,9 +140,12 @@ impl Receiver {
 
     /// Stores the deadline metrics of a metrics request (committed before it returns) and
     /// ignores its other metrics. A store that cannot take them is a retryable refusal.
+    /// Stores the deadline metrics of one export request. `repaired`: text in it was not
+    /// UTF-8 and was replaced, which the answer says.
     pub async fn export_metrics(
         &self,
         request: ExportMetricsServiceRequest,
+        repaired: bool,
     ) -> Result<MetricsAccepted, IngestError> {
         let mut cumulative = self.cumulative.lock().await;
         let now = crate::store::now_unix_nano() as u64;
@@ -152,9 +167,16 @@ impl Receiver {
             .metric_points_rejected
             .inc_by(extracted.rejected.max(0) as u64);
         cumulative.advance(extracted.advance, now);
+        let mut error_message = extracted.message;
+        if repaired {
+            if !error_message.is_empty() {
+                error_message.push_str("; ");
+            }
+            error_message.push_str(LOSSY_UTF8_WARNING);
+        }
         Ok(MetricsAccepted {
             rejected: extracted.rejected,
-            error_message: extracted.message,
+            error_message,
         })
     }
 
