@@ -142,11 +142,15 @@ impl DeadlineMeters {
         self.received
             .record(deadline.budget_ms.max(0.0), &attributes);
         self.remaining.record(remaining.max(0.0), &attributes);
-        let origin = match () {
-            _ if !exceeded => return,
-            _ if deadline.budget_ms <= 0.0 => "inherited",
-            _ if remaining <= 0.0 => "local",
-            _ => return,
+        if !exceeded {
+            return;
+        }
+        let origin = if deadline.budget_ms <= 0.0 {
+            "inherited"
+        } else if remaining <= 0.0 {
+            "local"
+        } else {
+            return;
         };
         self.exceeded.add(
             1,
