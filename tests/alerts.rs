@@ -122,6 +122,19 @@ rules:
     path
 }
 
+/// A rules file of `rules` (YAML list items) notifying the webhook receiver `ops` at `hook`.
+fn ops_rules(dir: &std::path::Path, hook: SocketAddr, rules: &str) -> std::path::PathBuf {
+    let path = dir.join("rules.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "receivers:\n  - name: ops\n    webhook: {{ url: \"http://{hook}/hook\" }}\nrules:\n{rules}"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// Alert evaluations the server has run to the end (`/metrics`).
 async fn evaluations(server: &budgetscope::server::RunningServer) -> u64 {
     let text = get_text(server, "/metrics").await;
@@ -941,21 +954,13 @@ async fn a_hop_that_only_inherits_a_firing_callers_exceeds_is_inhibited() {
     let db = TestDb::sqlite();
     let (hook, hook_addr) = Hook::start(0).await;
     let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(
-        &rules,
-        format!(
-            r#"
-receivers:
-  - name: ops
-    webhook: {{ url: "http://{hook_addr}/hook" }}
-rules:
-  - {{ name: edge-burning, service: edge, signal: local_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }}
-  - {{ name: arrives-spent, service: billing, signal: inherited_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }}
-"#
-        ),
-    )
-    .unwrap();
+    let rules = ops_rules(
+        dir.path(),
+        hook_addr,
+        r#"  - { name: edge-burning, service: edge, signal: local_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }
+  - { name: arrives-spent, service: billing, signal: inherited_exceed_ratio, op: ">", threshold: 0.5, window: 5m, receivers: [ops] }
+"#,
+    );
     let server = start(&db, &fast_alerts(&rules)).await;
     // edge runs out of budget in its own work, then calls orders with nothing left, which
     // calls billing: billing's caller is orders, but its budget ran out at edge.
@@ -999,5 +1004,77 @@ edge server "GET /checkout" 0 900 budget=700
     settled(&server).await;
     let sent: Vec<Value> = hook.with_status("firing");
     assert_eq!(sent.len(), 1, "only edge pages: {sent:?}");
+    server.shutdown().await;
+}
+
+/// A rule on the deadline metrics fires from the metrics alone (no trace of the hop), its
+/// `min_requests` met by the metrics' requests, and the notification carries the metrics'
+/// counts as evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metric_rule_fires_on_the_metrics_with_their_evidence() {
+    let (hook, hook_addr) = Hook::start(0).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rules = ops_rules(
+        dir.path(),
+        hook_addr,
+        "  - { name: metered-burning, service: metered, signal: metric_local_exceed_count, \
+         op: \">\", threshold: 10, window: 1m, min_requests: 50, receivers: [ops] }\n",
+    );
+    let db = TestDb::sqlite();
+    let server = start(&db, &fast_alerts(&rules)).await;
+    let now = common::now_nanos();
+    let point = |attributes: Value, value: Value| {
+        let mut point = serde_json::json!({
+            "attributes": attributes,
+            "startTimeUnixNano": (now - 60_000_000_000).to_string(),
+            "timeUnixNano": now.to_string(),
+        });
+        point
+            .as_object_mut()
+            .unwrap()
+            .extend(value.as_object().unwrap().clone());
+        point
+    };
+    let hop = serde_json::json!({"key": "hop", "value": {"stringValue": "POST /pay"}});
+    let local = serde_json::json!({"key": "origin", "value": {"stringValue": "local"}});
+    let request = serde_json::json!({"resourceMetrics": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "metered"}}]},
+        "scopeMetrics": [{"metrics": [
+            {"name": "deadline.exceeded", "sum": {"aggregationTemporality": 1, "isMonotonic": true,
+                "dataPoints": [point(serde_json::json!([hop, local]), serde_json::json!({"asInt": "30"}))]}},
+            {"name": "deadline.budget_received", "unit": "ms", "histogram": {"aggregationTemporality": 1,
+                "dataPoints": [point(serde_json::json!([hop]), serde_json::json!({"count": "100", "sum": 80000.0}))]}}
+        ]}]
+    }]});
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/v1/metrics", server.otlp_http_addr))
+        .header("content-type", "application/json")
+        .body(request.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    let firing = hook.wait_for("firing").await;
+    let alert = &firing["alerts"][0];
+    assert_eq!(alert["labels"]["alertname"], "metered-burning", "{firing}");
+    let budgetscope = &alert["budgetscope"];
+    assert_eq!(budgetscope["value"], 30.0, "{firing}");
+    assert_eq!(
+        budgetscope["requests"], 100,
+        "the metrics' requests: {firing}"
+    );
+    assert_eq!(
+        budgetscope["evidence"]["metrics"],
+        serde_json::json!({
+            "requests": 100, "local_exceeds": 30, "inherited_exceeds": 0,
+            "budget_received_mean_ms": 800.0,
+        }),
+        "{firing}"
+    );
+    assert_eq!(
+        budgetscope["evidence"]["requests"], 0,
+        "no traces: {firing}"
+    );
     server.shutdown().await;
 }

@@ -324,17 +324,18 @@ async fn context(
     spent_callers: Vec<SpentCaller>,
 ) -> Context {
     let (since, until) = window_range(now, options.delay, rule.window);
-    let rollup = store
-        .hop_rollups(
-            since,
-            until,
-            Some(&instance.service),
-            Some(&instance.operation),
-            true,
-        )
+    let (service, operation) = (Some(&instance.service[..]), Some(&instance.operation[..]));
+    let rows = store
+        .hop_rollups(since, until, service, operation, true)
         .await
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let reported = store
+        .reported(since, until, service, operation, false)
+        .await
+        .unwrap_or_default();
+    let rollup = rows
         .into_iter()
+        .chain(reported.into_iter().map(ReportedRow::into_rollup_row))
         .fold(Rollup::default(), |mut sum, row| {
             sum.merge(&row.rollup);
             sum

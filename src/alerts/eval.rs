@@ -424,7 +424,8 @@ pub fn inhibitor<'a>(
     })
 }
 
-/// What a notification shows besides the value: the hop's numbers over the window.
+/// What a notification shows besides the value: the hop's numbers over the window, from
+/// its traces and, when it exports them, its deadline metrics.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Evidence {
     pub requests: i64,
@@ -437,6 +438,16 @@ pub struct Evidence {
     pub inherited_exceed: i64,
     pub doomed: i64,
     pub retry: i64,
+    pub metrics: Option<MetricsEvidence>,
+}
+
+/// The hop's deadline metrics over the window (every request, when traces are sampled).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct MetricsEvidence {
+    pub requests: i64,
+    pub local_exceeds: i64,
+    pub inherited_exceeds: i64,
+    pub budget_received_mean_ms: Option<f64>,
 }
 
 pub fn evidence(rollup: &Rollup) -> Evidence {
@@ -451,6 +462,12 @@ pub fn evidence(rollup: &Rollup) -> Evidence {
         inherited_exceed: rollup.count("inherited_exceed"),
         doomed: rollup.count("doomed"),
         retry: rollup.count("retry"),
+        metrics: (!rollup.reported.is_empty()).then(|| MetricsEvidence {
+            requests: rollup.reported.received_count,
+            local_exceeds: rollup.reported.local_exceeds,
+            inherited_exceeds: rollup.reported.inherited_exceeds,
+            budget_received_mean_ms: rollup.reported.received_mean_ms(),
+        }),
     }
 }
 
