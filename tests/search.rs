@@ -376,12 +376,13 @@ edge server "GET /" 0 300 budget=800
         );
         assert_eq!(waiting["behind"], false);
         assert_eq!(waiting["ingest_queue_spans"], 0);
-        let done = wait_for_status(&server, |s| s["traces_pending"] == 0).await;
+        // The analyzer counts a pass once its summaries are written, so a measurement can
+        // see the backlog gone a tick before the rate that cleared it.
+        let done = wait_for_status(&server, |s| {
+            s["traces_pending"] == 0 && s["analyzed_traces_per_s"].as_f64().unwrap() > 0.0
+        })
+        .await;
         assert_eq!(done["oldest_pending_age_s"], 0.0, "{done}");
-        assert!(
-            done["analyzed_traces_per_s"].as_f64().unwrap() > 0.0,
-            "{done}"
-        );
         assert_eq!(status(&server).await["spans_stored"], 6);
         server.shutdown().await;
     }
