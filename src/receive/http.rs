@@ -487,12 +487,8 @@ pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
                 ))
             }),
         Format::Json => {
-            let (text, lossy) = match std::str::from_utf8(&body) {
-                Ok(text) => (std::borrow::Cow::Borrowed(text), false),
-                Err(_) => (String::from_utf8_lossy(&body), true),
-            };
-            // A byte-order mark is no JSON, but some writers put one first.
-            let text = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
+            let (text, lossy) = json_text(&body);
+            let text = without_bom(&text);
             match super::otlp_json::decode(text) {
                 Ok(request) => Ok((request, lossy, Vec::new())),
                 // The request as a whole did not decode: span by span, the valid spans
@@ -508,6 +504,19 @@ pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
             }
         }
     }
+}
+
+/// A JSON body as text, and whether bytes that were not UTF-8 were replaced (U+FFFD).
+fn json_text(body: &[u8]) -> (std::borrow::Cow<'_, str>, bool) {
+    match std::str::from_utf8(body) {
+        Ok(text) => (std::borrow::Cow::Borrowed(text), false),
+        Err(_) => (String::from_utf8_lossy(body), true),
+    }
+}
+
+/// A byte-order mark is no JSON, but some writers put one first.
+fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{FEFF}').unwrap_or(text)
 }
 
 /// Decodes a metrics request, and tells whether text that was not UTF-8 was repaired
@@ -527,12 +536,8 @@ pub fn decode_metrics(
             ))
         }),
         Format::Json => {
-            let (text, repaired) = match std::str::from_utf8(&body) {
-                Ok(text) => (std::borrow::Cow::Borrowed(text), false),
-                Err(_) => (String::from_utf8_lossy(&body), true),
-            };
-            let text = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
-            serde_json::from_str(text)
+            let (text, repaired) = json_text(&body);
+            serde_json::from_str(without_bom(&text))
                 .map(|request| (request, repaired))
                 .map_err(|e| {
                     bad(format!(
