@@ -10,13 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use budgetscope::alerter::{AlerterOptions, evaluate_once};
-use budgetscope::alerts::eval::{self, HopRollups, Windows};
-use budgetscope::alerts::rules::{RuleSet, parse_file};
-use budgetscope::analyze::Outcome;
-use budgetscope::analyze::hops::{COUNTED, HopSample, Rollup};
-use budgetscope::analyze::summary::TraceSummary;
-use budgetscope::model::TraceId;
+use budgetscope::core::alerts::eval::{self, HopRollups, Windows};
+use budgetscope::core::alerts::rules::{RuleSet, parse_file};
+use budgetscope::core::analyze::Outcome;
+use budgetscope::core::analyze::hops::{COUNTED, HopSample, Rollup};
+use budgetscope::core::analyze::summary::TraceSummary;
+use budgetscope::core::model::TraceId;
+use budgetscope::pipeline::alerter::{AlerterOptions, evaluate_once};
 
 const SERVICES: usize = 100;
 const OPERATIONS: usize = 100;

@@ -1,4 +1,4 @@
-//! The memory budget's per-byte figures (BENCHMARKS.md, "Memory"; `src/memory.rs`). Run
+//! The memory budget's per-byte figures (BENCHMARKS.md, "Memory"; `src/pipeline/memory.rs`). Run
 //! with `cargo bench --bench memory`; not part of the product binary.
 //!
 //! A counting allocator records the peak of live Rust heap bytes (SQLite's own allocations
@@ -13,17 +13,18 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use budgetscope::analyze::hops::samples;
-use budgetscope::analyze::summary::summarize;
-use budgetscope::analyze::{AnalyzeOptions, analyze};
-use budgetscope::budget::DEFAULT_BUDGET_KEYS;
-use budgetscope::generate::generate;
-use budgetscope::memory::MemoryBudget;
-use budgetscope::model::{Span, TraceId};
-use budgetscope::normalize::{NormalizeOptions, normalize};
-use budgetscope::receive::lenient::decode_request;
-use budgetscope::receive::{otlp_json, prepare};
-use budgetscope::recent::Recent;
+use budgetscope::core::analyze::hops::samples;
+use budgetscope::core::analyze::summary::summarize;
+use budgetscope::core::analyze::{AnalyzeOptions, analyze};
+use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
+use budgetscope::core::model::{Span, TraceId};
+use budgetscope::otlp::generate::generate;
+use budgetscope::otlp::json as otlp_json;
+use budgetscope::otlp::normalize::{NormalizeOptions, normalize};
+use budgetscope::otlp::protobuf::decode_request;
+use budgetscope::pipeline::held::HeldTraces;
+use budgetscope::pipeline::memory::MemoryBudget;
+use budgetscope::pipeline::receiver::prepare;
 use prost::Message as _;
 
 struct Counting;
@@ -82,7 +83,7 @@ fn requests() {
     println!("|---|---|---|---|");
     let options = options();
     // As on the server, the request also holds its spans' projection for the analyzer.
-    let recent = Recent::new(&MemoryBudget::with_pool(1 << 30));
+    let recent = HeldTraces::new(&MemoryBudget::with_pool(1 << 30));
     for batch in [100, 512, 4_096] {
         let request = generate(batch, batch).remove(0);
         let protobuf = request.encode_to_vec();

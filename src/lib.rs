@@ -1,31 +1,28 @@
 //! budgetscope: an OTLP trace endpoint that shows where each request's deadline budget went.
 //!
-//! Data flows one way: `receive` (OTLP decode) → `normalize` (our own `model::Span`) →
-//! `ingest` (queue, group commit) → `store` (SQLite or Postgres) → `web` (JSON API).
-//! ARCHITECTURE.md has the code map and each module's invariant.
-pub mod alerter;
-pub mod alerts;
-pub mod analyze;
-pub mod auth;
-pub mod budget;
-pub mod codec;
-pub mod config;
-pub mod demo;
-pub mod export;
-pub mod generate;
-pub mod indexer;
-pub mod ingest;
-pub mod lease;
-pub mod listen;
-pub mod memory;
-pub mod metrics;
-pub mod model;
-pub mod normalize;
-pub mod offline;
-pub mod receive;
-pub mod recent;
-pub mod server;
-pub mod status;
+//! The layers, in the order data flows through them; each imports only the layers declared
+//! before it (`tests/layers.rs` checks it). ARCHITECTURE.md has the map.
+
+/// The wall clock, read in one place.
+pub mod clock;
+
+/// Pure: the span model, budgets, the analysis, alert rules and their evaluation.
+pub mod core;
+
+/// OTLP in and out: decoding, normalize, the deadline metrics, the download, generated traces.
+pub mod otlp;
+
+/// SQLite and Postgres: every SQL statement.
 pub mod store;
-pub mod tls;
+
+/// Receiver, ingest, held spans, the analyzer and its lag, memory, lease, alert runner.
+pub mod pipeline;
+
+/// The UI, the JSON and Jaeger APIs, `/metrics`.
 pub mod web;
+
+/// The process: config, listeners, TLS, the OTLP endpoints, and `start`, which wires it all.
+pub mod server;
+
+/// The commands beside `serve`: `analyze` and `demo`.
+pub mod cli;

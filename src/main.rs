@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 /// jemalloc instead of glibc's malloc. Ingest allocates many small strings per span on one
-/// thread and frees whole batches on another (`ingest.rs`); with glibc, `malloc`, `free`
+/// thread and frees whole batches on another (`pipeline/ingest.rs`); with glibc, `malloc`, `free`
 /// and `malloc_consolidate` were nearly half of the request threads' time. jemalloc used
 /// 10–20 % less server CPU and committed 6–22 % more spans/s in every ingest configuration,
 /// and peak RSS at 10k spans/s stayed within its run-to-run spread (BENCHMARKS.md,
@@ -53,12 +53,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the OTLP receivers, the UI and the JSON API.
-    Serve(budgetscope::config::ServeArgs),
+    Serve(budgetscope::server::config::ServeArgs),
     /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
-    Analyze(budgetscope::offline::AnalyzeArgs),
+    Analyze(budgetscope::cli::analyze::AnalyzeArgs),
     /// Start a server and a live shop of instrumented services that make every budget
     /// mistake, to try budgetscope; with --endpoint, send generated traces to a running server.
-    Demo(budgetscope::demo::DemoArgs),
+    Demo(budgetscope::cli::demo::DemoArgs),
     /// Work with alert rules files.
     #[command(subcommand)]
     Rules(RulesCommand),
@@ -94,8 +94,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(args).await,
-            Command::Analyze(args) => budgetscope::offline::run(args),
-            Command::Demo(args) => budgetscope::demo::run(args, shutdown_signal()?).await,
+            Command::Analyze(args) => budgetscope::cli::analyze::run(args),
+            Command::Demo(args) => budgetscope::cli::demo::run(args, shutdown_signal()?).await,
             Command::Rules(RulesCommand::Check { file }) => rules_check(&file),
         }
     });
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
+async fn serve(args: budgetscope::server::config::ServeArgs) -> anyhow::Result<()> {
     let config = args.validate()?;
     let server = budgetscope::server::start(&config).await?;
     // Install the handlers before announcing readiness: whoever waits for "is up" may signal
@@ -128,7 +128,7 @@ async fn serve(args: budgetscope::config::ServeArgs) -> anyhow::Result<()> {
 
 /// `budgetscope rules check FILE`: every problem on its own line, non-zero when any.
 fn rules_check(file: &std::path::Path) -> anyhow::Result<()> {
-    let set = budgetscope::alerter::read_rules_file(file)?;
+    let set = budgetscope::pipeline::alerter::read_rules_file(file)?;
     println!(
         "{}: {} rule{} and {} receiver{}, no problems",
         file.display(),

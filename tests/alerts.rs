@@ -203,7 +203,7 @@ fn fast_alerts(rules: &std::path::Path) -> Vec<&str> {
 }
 
 /// A checkout that overran its own budget (a local exceed at edge), or one on time.
-fn checkout(id: u8, late: bool) -> Vec<budgetscope::model::Span> {
+fn checkout(id: u8, late: bool) -> Vec<budgetscope::core::model::Span> {
     let duration = if late { 900 } else { 300 };
     fixture_trace(
         id,

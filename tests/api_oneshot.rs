@@ -6,9 +6,9 @@ mod common;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use budgetscope::analyze::AnalyzeOptions;
-use budgetscope::indexer::{IndexerOptions, index_pass};
-use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
+use budgetscope::core::analyze::AnalyzeOptions;
+use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{TestDb, checkout_a_minute_ago, oneshot};
@@ -45,15 +45,20 @@ async fn trace_search_and_hops_through_the_router() {
         // Search and hops answer after the background analyzer's pass.
         let (_, empty) = get(&state, "/api/traces").await;
         assert_eq!(empty["traces"], serde_json::json!([]), "not summarised yet");
-        let options = IndexerOptions {
+        let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
+                DEFAULT_LIMIT,
+            )),
         };
         assert_eq!(
-            index_pass(store.as_ref(), &options).await.unwrap().analysed,
+            analysis_pass(store.as_ref(), &options)
+                .await
+                .unwrap()
+                .analysed,
             1
         );
         let (_, found) = get(

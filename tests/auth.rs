@@ -253,7 +253,7 @@ fn trusted_proxies_and_their_header_are_checked_at_start_up() {
     ] {
         let mut argv = vec!["serve"];
         argv.extend_from_slice(flags);
-        let error = budgetscope::config::ServeArgs::try_parse_from(argv)
+        let error = budgetscope::server::config::ServeArgs::try_parse_from(argv)
             .unwrap()
             .validate()
             .unwrap_err()

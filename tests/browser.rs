@@ -252,17 +252,19 @@ async fn the_ui_in_a_real_browser() {
             .await
             .unwrap();
     // Background traffic so the charts and tables have content.
-    for request in budgetscope::generate::generate_over(1500, 250, Duration::from_secs(3000), 0.2) {
+    for request in
+        budgetscope::otlp::generate::generate_over(1500, 250, Duration::from_secs(3000), 0.2)
+    {
         post_otlp(&server, &request).await;
     }
     // A 2,000-span trace, for the large-trace behaviour.
-    let mut large = budgetscope::generate::large_trace(2000);
-    let large_id = budgetscope::model::TraceId([0x42; 16]);
+    let mut large = budgetscope::otlp::generate::large_trace(2000);
+    let large_id = budgetscope::core::model::TraceId([0x42; 16]);
     for span in &mut large {
         span.trace_id = large_id;
     }
     for chunk in large.chunks(500) {
-        post_otlp(&server, &budgetscope::export::to_request(chunk)).await;
+        post_otlp(&server, &budgetscope::otlp::download::to_request(chunk)).await;
     }
     let base = format!("http://{}", server.http_addr);
     wait_until_searchable(

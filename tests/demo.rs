@@ -92,7 +92,7 @@ async fn not_shown(client: &reqwest::Client, ui: &str) -> Vec<String> {
         Err(_) => serde_json::Value::Null,
     };
     let hops = hops["hops"].as_array().cloned().unwrap_or_default();
-    for flag in budgetscope::analyze::hops::COUNTED {
+    for flag in budgetscope::core::analyze::hops::COUNTED {
         if !hops.iter().any(|hop| hop[flag].as_i64().unwrap_or(0) > 0) {
             missing.push(flag.to_string());
         }

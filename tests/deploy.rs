@@ -234,12 +234,12 @@ edge server "GET /checkout" 0 1540 budget=800
 "#,
     );
     let shift =
-        common::now_nanos() - 60_000_000_000 - budgetscope::analyze::fixture::BASE_UNIX_NANO;
+        common::now_nanos() - 60_000_000_000 - budgetscope::core::analyze::fixture::BASE_UNIX_NANO;
     for span in &mut spans {
         span.start_unix_nano += shift;
         span.end_unix_nano += shift;
     }
-    post_otlp(&server, &budgetscope::export::to_request(&spans)).await;
+    post_otlp(&server, &budgetscope::otlp::download::to_request(&spans)).await;
     wait_until_searchable(&server, "service=edge", &spans[0].trace_id.to_string()).await;
     let waited = std::time::Instant::now();
     while !get_text(&server, "/metrics")

@@ -325,7 +325,8 @@ async fn shutdown_commits_every_acknowledged_span() {
 
         let reopened = store::open(&db.url).await.unwrap();
         for trace in &acknowledged {
-            let id = budgetscope::model::TraceId((u128::from(*trace) + (1 << 100)).to_be_bytes());
+            let id =
+                budgetscope::core::model::TraceId((u128::from(*trace) + (1 << 100)).to_be_bytes());
             assert_eq!(
                 reopened.trace(id).await.unwrap().len(),
                 20,
@@ -459,7 +460,7 @@ async fn eventually(what: &str, condition: impl Fn() -> bool) {
 /// a quarter of the queue waits for the store, and false again once the store has caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_reports_a_backlog_only_while_a_quarter_of_the_queue_waits() {
-    use budgetscope::ingest::{IngestOptions, Ingestor};
+    use budgetscope::pipeline::ingest::{IngestOptions, Ingestor};
     use budgetscope::store::EncodedBatch;
 
     let db = TestDb::sqlite();
@@ -511,7 +512,7 @@ async fn ingest_reports_a_backlog_only_while_a_quarter_of_the_queue_waits() {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_thread_runs_at_the_default_scheduling() {
-    use budgetscope::ingest::{IngestOptions, Ingestor};
+    use budgetscope::pipeline::ingest::{IngestOptions, Ingestor};
 
     let db = TestDb::sqlite();
     let ingestor = Ingestor::start(

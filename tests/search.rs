@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use budgetscope::model::TraceId;
+use budgetscope::core::model::TraceId;
 use common::{TestDb, fixture_trace as trace, get_json, otlp_request, post_otlp, start};
 use serde_json::Value;
 
@@ -260,9 +260,9 @@ edge server "GET /" 0 300 budget=800
 /// quiet trace is still summarised, across more than one pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
-    use budgetscope::analyze::AnalyzeOptions;
-    use budgetscope::indexer::{IndexerOptions, index_quiet_traces};
-    use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
+    use budgetscope::core::analyze::AnalyzeOptions;
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analyze_quiet_traces};
+    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
     use tokio_util::sync::CancellationToken;
 
     for db in TestDb::all().await {
@@ -272,20 +272,22 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
             let spans = trace(id, r#"edge server "GET /busy" 0 10 budget=100"#);
             store.write_spans(&spans).await.unwrap();
         }
-        let options = IndexerOptions {
+        let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
+                DEFAULT_LIMIT,
+            )),
         };
         let always_backlogged = || true;
         let stop = CancellationToken::new();
-        let done = index_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+        let done = analyze_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
             .await
             .unwrap();
         assert_eq!(done, 250, "{}: every trace summarised", db.backend);
-        let again = index_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+        let again = analyze_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
             .await
             .unwrap();
         assert_eq!(again, 0, "{}: nothing left to summarise", db.backend);
@@ -296,9 +298,9 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
 /// its minimum share: traces larger than that are summarised a few at a time, all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
-    use budgetscope::analyze::AnalyzeOptions;
-    use budgetscope::indexer::{IndexerOptions, index_pass};
-    use budgetscope::memory::{MIN_PASS, MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
+    use budgetscope::core::analyze::AnalyzeOptions;
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+    use budgetscope::pipeline::memory::{MIN_PASS, MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
 
     for db in TestDb::all().await {
         let store = budgetscope::store::open(&db.url).await.unwrap();
@@ -310,16 +312,16 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
         let memory = MemoryBudget::with_pool(64 << 20);
         let mut ingest = memory.empty();
         assert!(ingest.try_grow_to(64 << 20), "ingest holds the whole pool");
-        let options = IndexerOptions {
+        let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: memory.clone(),
-            recent: budgetscope::recent::Recent::new(&memory),
+            held: budgetscope::pipeline::held::HeldTraces::new(&memory),
         };
         let mut passes = Vec::new();
         loop {
-            let pass = index_pass(store.as_ref(), &options).await.unwrap();
+            let pass = analysis_pass(store.as_ref(), &options).await.unwrap();
             assert_eq!(memory.used(), 64 << 20, "a pass gives its memory back");
             passes.push(pass.analysed);
             if !pass.more {

@@ -5,10 +5,10 @@ mod common;
 
 use std::sync::Arc;
 
-use budgetscope::analyze::hops::{HopSample, samples};
-use budgetscope::analyze::summary::{TraceSummary, summarize};
-use budgetscope::analyze::{AnalyzeOptions, analyze};
-use budgetscope::model::{
+use budgetscope::core::analyze::hops::{HopSample, samples};
+use budgetscope::core::analyze::summary::{TraceSummary, summarize};
+use budgetscope::core::analyze::{AnalyzeOptions, analyze};
+use budgetscope::core::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 use budgetscope::store::{self, Operation, Store};
@@ -516,8 +516,8 @@ fn summary_of(
     trace_id: TraceId,
     start_unix_nano: u64,
     services: &[&str],
-) -> budgetscope::analyze::summary::TraceSummary {
-    budgetscope::analyze::summary::TraceSummary {
+) -> budgetscope::core::analyze::summary::TraceSummary {
+    budgetscope::core::analyze::summary::TraceSummary {
         trace_id,
         root_service: "edge".into(),
         root_name: "GET /".into(),
@@ -525,7 +525,7 @@ fn summary_of(
         duration_ms: 10.0,
         budget_ms: Some(100.0),
         answer_ms: Some(10.0),
-        outcome: budgetscope::analyze::Outcome::Ok,
+        outcome: budgetscope::core::analyze::Outcome::Ok,
         origins: Vec::new(),
         burner: None,
         flag_counts: Default::default(),

@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use budgetscope::analyze::hops::samples;
-use budgetscope::analyze::{AnalyzeOptions, analyze};
+use budgetscope::core::analyze::hops::samples;
+use budgetscope::core::analyze::{AnalyzeOptions, analyze};
 use common::{TestDb, fixture_trace, otlp_request};
 use prost::Message as _;
 use serde_json::Value;
@@ -187,7 +187,7 @@ rules:
         .position(|s| holder[0].starts_with(&format!("{} ", s.http)))
         .unwrap_or_else(|| panic!("the holder {holder:?} is one of the servers"));
 
-    let traces: Vec<Vec<budgetscope::model::Span>> =
+    let traces: Vec<Vec<budgetscope::core::model::Span>> =
         (1..=60u8).map(|id| fixture_trace(id, CHECKOUT)).collect();
     let client = reqwest::Client::new();
     let mut alive = [true; 3];
@@ -326,7 +326,7 @@ rules:
     )
     .await;
     // Two more alert intervals and a lease term: still the one.
-    tokio::time::sleep(budgetscope::lease::TERM + Duration::from_secs(2)).await;
+    tokio::time::sleep(budgetscope::pipeline::lease::TERM + Duration::from_secs(2)).await;
     assert_eq!(
         (fired, firing().await),
         (1, 1),

@@ -179,7 +179,7 @@ async fn a_certificate_that_cannot_be_used_stops_start_up() {
         assert!(error.contains("--tls-cert and --tls-key"), "{error}");
         assert!(error.contains(expected), "{expected}: {error}");
     }
-    let half = budgetscope::config::ServeArgs::try_parse_from([
+    let half = budgetscope::server::config::ServeArgs::try_parse_from([
         "serve",
         "--tls-cert",
         cert.to_str().unwrap(),

@@ -6,10 +6,10 @@ mod common;
 use std::time::Duration;
 
 use axum::http::{StatusCode, header};
-use budgetscope::analyze::AnalyzeOptions;
-use budgetscope::analyze::fixture::parse;
-use budgetscope::indexer::{IndexerOptions, index_pass};
-use budgetscope::memory::{DEFAULT_LIMIT, MemoryBudget};
+use budgetscope::core::analyze::AnalyzeOptions;
+use budgetscope::core::analyze::fixture::parse;
+use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{
@@ -95,15 +95,20 @@ async fn every_page_shows_the_budget_story() {
 
         let spans = checkout_a_minute_ago();
         store.write_spans(&spans).await.unwrap();
-        let options = IndexerOptions {
+        let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            recent: budgetscope::recent::Recent::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
+                DEFAULT_LIMIT,
+            )),
         };
         assert_eq!(
-            index_pass(store.as_ref(), &options).await.unwrap().analysed,
+            analysis_pass(store.as_ref(), &options)
+                .await
+                .unwrap()
+                .analysed,
             1
         );
         let id = spans[0].trace_id.to_hex();
@@ -319,7 +324,7 @@ async fn a_big_trace_opens_collapsed_and_loads_subtrees_on_demand() {
     let db = TestDb::sqlite();
     let store = store::open(&db.url).await.unwrap();
     let state = AppState::new(store.clone(), AnalyzeOptions::default());
-    let spans = budgetscope::generate::large_trace(1000);
+    let spans = budgetscope::otlp::generate::large_trace(1000);
     store.write_spans(&spans).await.unwrap();
     let id = spans[0].trace_id.to_hex();
     let rows = |body: &str| body.matches(r#"<div class="wf-row"#).count();
@@ -468,11 +473,11 @@ edge server "GET /checkout" 0 900 budget=700
     spans[2].name = name.to_string();
     spans[0].attributes.push((
         "url.full".into(),
-        budgetscope::model::AttrValue::String(HOSTILE[2].into()),
+        budgetscope::core::model::AttrValue::String(HOSTILE[2].into()),
     ));
     spans[0].attributes.push((
         HOSTILE[1].into(),
-        budgetscope::model::AttrValue::String(HOSTILE[0].into()),
+        budgetscope::core::model::AttrValue::String(HOSTILE[0].into()),
     ));
     post_otlp(&server, &otlp_request(&spans, 3000)).await;
     let id = spans[0].trace_id.to_hex();

@@ -26,9 +26,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use prost::Message as _;
 
-use budgetscope::budget::DEFAULT_BUDGET_KEYS;
-use budgetscope::generate::generate;
-use budgetscope::normalize::{NormalizeOptions, normalize, span_count};
+use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
+use budgetscope::otlp::generate::generate;
+use budgetscope::otlp::normalize::{NormalizeOptions, normalize, span_count};
 use budgetscope::store::{self, encode_rows};
 
 use crate::{BenchDatabases, IngestBench, Transport, median_and_range, ms};
@@ -190,7 +190,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
     let reopened = store::open(&serve_url).await?;
     let stored = reopened.span_count().await?;
     // Traces the server summarised while it ingested: the rest are still marked for the
-    // background analyzer, which yields to ingest (ARCHITECTURE.md, indexer).
+    // background analyzer, which yields to ingest (`src/pipeline/analyzer.rs`).
     let traces: HashSet<&[u8]> = prepared
         .iter()
         .flat_map(|p| &p.request.resource_spans)
@@ -287,7 +287,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
         };
-        let now = store::now_unix_nano() as u64;
+        let now = budgetscope::clock::now_unix_nano();
         let spans: Vec<_> = prepared
             .iter()
             .flat_map(|p| normalize(p.request.clone(), &options, now).spans)

@@ -10,9 +10,9 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use rand::Rng as _;
 
-use budgetscope::budget::DEFAULT_BUDGET_KEYS;
-use budgetscope::generate::{generate, generate_over, large_trace};
-use budgetscope::normalize::{NormalizeOptions, normalize};
+use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
+use budgetscope::otlp::generate::{generate, generate_over, large_trace};
+use budgetscope::otlp::normalize::{NormalizeOptions, normalize};
 use budgetscope::store;
 
 use crate::{
@@ -21,14 +21,15 @@ use crate::{
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
 /// body before handing rows to the writer (the HTTP receiver's `decode`: for protobuf
-/// `lenient::decode_request`, as gRPC too, for JSON `otlp_json::decode`; then
-/// `receive::prepare`, and freeing it all, as the server does), against the least any
+/// `otlp::protobuf::decode_request`, as gRPC too, for JSON `otlp::json::decode`; then
+/// `pipeline::receiver::prepare`, and freeing it all, as the server does), against the least any
 /// receiver does: decoding the body with the generated OTLP types (prost, or their serde
 /// implementation for JSON).
 pub fn receive_bench(bench: &ReceiveBench) {
-    use budgetscope::receive::LOSSY_UTF8_WARNING;
-    use budgetscope::receive::http::{Format, decode};
-    use budgetscope::receive::{otlp_json, prepare};
+    use budgetscope::otlp::json as otlp_json;
+    use budgetscope::pipeline::receiver::LOSSY_UTF8_WARNING;
+    use budgetscope::pipeline::receiver::prepare;
+    use budgetscope::server::otlp_http::{Format, decode};
     let format = if bench.json {
         Format::Json
     } else {
@@ -53,7 +54,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
     let options = NormalizeOptions {
         budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
     };
-    let now = store::now_unix_nano() as u64;
+    let now = budgetscope::clock::now_unix_nano();
     let ns_per_span = |f: &dyn Fn(&Bytes)| {
         let started = Instant::now();
         for body in &bodies {
@@ -85,7 +86,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
         };
         std::hint::black_box(request);
     };
-    // For JSON, our decoder alone (`otlp_json::decode`), against the same baseline.
+    // For JSON, our decoder alone (`otlp::json::decode`), against the same baseline.
     let decode_alone = |body: &Bytes| {
         std::hint::black_box(otlp_json::decode(text(body)).expect("generated requests decode"));
     };
@@ -120,7 +121,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
     if bench.json {
         let (decode_median, decode_min, decode_max) = median_and_range(decode_ns);
         println!(
-            "| budgetscope's OTLP/JSON decoder (`otlp_json::decode`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
+            "| budgetscope's OTLP/JSON decoder (`otlp::json::decode`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
         );
         println!(
             "| budgetscope's decoder ÷ baseline | {:.2} |",
@@ -131,7 +132,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
 
 /// Times `analyze` (and the API's JSON of it) on one generated trace per size.
 pub fn analyze_bench(bench: &AnalyzeBench) {
-    use budgetscope::analyze::{AnalyzeOptions, analyze};
+    use budgetscope::core::analyze::{AnalyzeOptions, analyze};
     let options = AnalyzeOptions::default();
     println!(
         "## analysis: median of {} runs (min–max)",
@@ -188,8 +189,8 @@ pub fn analyze_bench(bench: &AnalyzeBench) {
 /// Fills a fresh store, indexes it with the background analyzer's code, then times the
 /// API through the real router (no network): server time per request.
 pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
-    use budgetscope::analyze::AnalyzeOptions;
-    use budgetscope::indexer::{IndexerOptions, index_pass};
+    use budgetscope::core::analyze::AnalyzeOptions;
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
     use tower::ServiceExt as _;
 
     let databases = BenchDatabases::new(&bench.db).await?;
@@ -205,7 +206,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let mut written = 0usize;
     while written < bench.spans {
         let chunk = (bench.spans - written).min(100_000);
-        let now = store::now_unix_nano() as u64;
+        let now = budgetscope::clock::now_unix_nano();
         let spans: Vec<_> = generate_over(chunk, 512, day, 0.0)
             .into_iter()
             .flat_map(|r| normalize(r, &options, now).spans)
@@ -224,7 +225,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let mut fat_ids = Vec::new();
     for i in 0..200u32 {
         let mut trace = large_trace(100);
-        let id = budgetscope::model::TraceId(rand::rng().random());
+        let id = budgetscope::core::model::TraceId(rand::rng().random());
         for span in &mut trace {
             span.trace_id = id;
             span.start_unix_nano -= u64::from(i) * 400_000_000_000;
@@ -237,19 +238,23 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
 
     // 2. Summaries and rollups, through the background analyzer's pass.
     let started = Instant::now();
-    let indexer = IndexerOptions {
+    let indexer = AnalyzerOptions {
         quiet_period: Duration::ZERO,
         analyze: AnalyzeOptions::default(),
         metrics: Default::default(),
-        memory: budgetscope::memory::MemoryBudget::for_limit(budgetscope::memory::DEFAULT_LIMIT),
-        recent: budgetscope::recent::Recent::new(&budgetscope::memory::MemoryBudget::for_limit(
-            budgetscope::memory::DEFAULT_LIMIT,
-        )),
+        memory: budgetscope::pipeline::memory::MemoryBudget::for_limit(
+            budgetscope::pipeline::memory::DEFAULT_LIMIT,
+        ),
+        held: budgetscope::pipeline::held::HeldTraces::new(
+            &budgetscope::pipeline::memory::MemoryBudget::for_limit(
+                budgetscope::pipeline::memory::DEFAULT_LIMIT,
+            ),
+        ),
     };
     let mut traces = 0usize;
     let mut last_report = Instant::now();
     loop {
-        let pass = index_pass(store.as_ref(), &indexer).await?;
+        let pass = analysis_pass(store.as_ref(), &indexer).await?;
         traces += pass.analysed;
         if last_report.elapsed() > Duration::from_secs(2) {
             eprintln!(
@@ -370,7 +375,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     }
     let (p50, p95, p99) = percentiles(page_times);
     println!("| page /traces/{{id}} (100-span trace) | {p50:.2} | {p95:.2} | {p99:.2} |");
-    let now = store::now_unix_nano() as u64;
+    let now = budgetscope::clock::now_unix_nano();
     let mut raw_times = Vec::new();
     let scanner = RawScanner::connect(&url).await?;
     for _ in 0..5 {
@@ -394,7 +399,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
 /// and, as the same-run baseline, the trace API (same fetch and analysis, JSON instead of
 /// HTML), both through the real router.
 pub async fn ui_bench(bench: UiBench) -> anyhow::Result<()> {
-    use budgetscope::analyze::AnalyzeOptions;
+    use budgetscope::core::analyze::AnalyzeOptions;
     use tower::ServiceExt as _;
 
     let dir = tempfile::tempdir()?;

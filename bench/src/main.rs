@@ -327,7 +327,7 @@ impl RawScanner {
         let since = i64::try_from(since).unwrap_or(i64::MAX);
         let until = i64::try_from(until).unwrap_or(i64::MAX);
         Ok(match self {
-            // The start index keys on `start_unix_nano >> 30` (ARCHITECTURE.md, "Storage").
+            // The start index keys on `start_unix_nano >> 30` (`src/store/sqlite.rs`).
             RawScanner::Sqlite(pool) => sqlx::query(
                 "SELECT service, name, count(*), avg(budget_ms) FROM spans \
                  WHERE kind IN (2, 5) AND (start_unix_nano >> 30) BETWEEN (?1 >> 30) AND (?2 >> 30) \

@@ -22,8 +22,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use prost::Message as _;
 
-use budgetscope::generate::generate_chains;
-use budgetscope::normalize::span_count;
+use budgetscope::otlp::generate::generate_chains;
+use budgetscope::otlp::normalize::span_count;
 use budgetscope::store;
 
 use crate::ingest::{ChildServer, Prepared, Sender, futures_join, own_cpu_seconds};

@@ -6,9 +6,9 @@
 use async_trait::async_trait;
 use sqlx::Connection as _;
 
-use crate::alerts::eval::{Instance, Severity, State};
-use crate::alerts::notify::Notification;
-use crate::alerts::silence::{Matcher, Silence};
+use crate::core::alerts::eval::{Instance, Severity, State};
+use crate::core::alerts::notify::Notification;
+use crate::core::alerts::silence::{Matcher, Silence};
 
 use super::StoreError;
 use super::postgres::PostgresStore;
@@ -451,8 +451,8 @@ pub(crate) fn encode_matchers(silence: &Silence) -> String {
 macro_rules! alert_sql {
     ($db:ty) => {
         use sqlx::QueryBuilder;
-        use $crate::alerts::eval::Instance;
-        use $crate::alerts::notify::Notification;
+        use $crate::core::alerts::eval::Instance;
+        use $crate::core::alerts::notify::Notification;
         use $crate::store::StoreError;
         use $crate::store::alerts::*;
 

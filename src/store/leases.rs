@@ -1,4 +1,4 @@
-//! The `leases` table (`crate::lease`), written once for both stores.
+//! The `leases` table (`crate::pipeline::lease`), written once for both stores.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 

@@ -1,9 +1,29 @@
 //! Span storage: one trait, a SQLite and a Postgres implementation.
 //!
 //! Architecture invariant: every SQL statement lives in this module (`sqlite.rs`,
-//! `postgres.rs`, and the parts written once for both); no other module writes SQL. Both implementations pass the same conformance suite
-//! (`tests/store_conformance.rs`). Inserts are idempotent on (trace id, span id): the first
-//! copy stored wins, so exporter retries never duplicate a span.
+//! `postgres.rs`, and the parts written once for both); no other module writes SQL. Both
+//! implementations pass the same conformance suite (`tests/store_conformance.rs`). Inserts
+//! are idempotent on (trace id, span id): the first copy stored wins, so exporter retries
+//! never duplicate a span.
+//!
+//! The tables:
+//! - `spans`: one row per span keyed by (trace id, span id), with the columns queries need
+//!   (service, name, kind, times as signed 64-bit unix nanoseconds, status, budget) and
+//!   three JSON text columns (`attributes`, `resource`, `details`; `core::attr_json`).
+//!   `operations` (service, name, kind, last seen) lists services without scanning spans.
+//! - `trace_summaries`: one row per analysed trace, with its hop samples (`hops`, JSON);
+//!   `trace_terms`: an inverted index (term, start, trace) over services, operations,
+//!   flags and outcome. A search drives from its most selective term newest first and
+//!   stops at its limit; pagination is keyset on (start, trace id).
+//! - `hop_rollups`, `hop_rollups_hourly`: per (hop, minute or hour) counts and three
+//!   log-bucket histograms, merged by adding; a re-analysed trace's old contribution is
+//!   subtracted and the new one added in the summary's transaction (`summaries.rs`).
+//! - `hop_metrics`: the deadline metrics per (hop, minute), added to by every write
+//!   (`reported.rs`), so deltas from any number of exporters and servers sum.
+//! - Traces waiting for analysis: SQLite appends (commit time, trace) to `trace_marks` with
+//!   the spans; Postgres upserts one row per trace in `dirty_traces`. The analyzer deletes
+//!   exactly the marks it read, so a span arriving meanwhile brings the trace back.
+//! - `leases`, and the alert tables (`alerts.rs`).
 
 pub mod alerts;
 mod leases;
@@ -20,14 +40,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::analyze::hops::HopSample;
-use crate::analyze::summary::TraceSummary;
-use crate::codec;
-use crate::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
+use crate::core::analyze::hops::HopSample;
+use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::attr_json;
+use crate::core::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 pub use alerts::AlertStore;
 use query::TraceQuery;
-use reported::ReportedRow;
-use rollup::HopRollupRow;
 
 /// What can go wrong in a store. Messages are for logs; the web and receiver layers map
 /// these to their own responses and never show database text to clients.
@@ -137,7 +156,7 @@ pub trait Store: AlertStore + Send + Sync + 'static {
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(rollup::RollupKey, crate::analyze::hops::Rollup)>, StoreError>;
+    ) -> Result<Vec<(RollupKey, crate::core::analyze::hops::Rollup)>, StoreError>;
 
     /// Hop rollups for `[since, until)` (minute-aligned), optionally of one service or
     /// operation. With `hourly`, whole hours inside the range come as one row per hour
@@ -294,8 +313,8 @@ impl EncodedBatch {
 /// warnings (most spans).
 pub fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
     let mut rows = Vec::with_capacity(spans.len());
-    let mut last_resource: Option<(Arc<crate::model::Attributes>, Arc<str>)> = None;
-    let mut last_plain_details: Option<(crate::model::Scope, Arc<str>)> = None;
+    let mut last_resource: Option<(Arc<crate::core::model::Attributes>, Arc<str>)> = None;
+    let mut last_plain_details: Option<(crate::core::model::Scope, Arc<str>)> = None;
     for span in spans {
         let resource = match &last_resource {
             Some((shared, json))
@@ -304,7 +323,7 @@ pub fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
                 json.clone()
             }
             _ => {
-                let json: Arc<str> = codec::attributes_to_string(&span.resource).into();
+                let json: Arc<str> = attr_json::attributes_to_string(&span.resource).into();
                 last_resource = Some((span.resource.clone(), json.clone()));
                 json
             }
@@ -313,7 +332,7 @@ pub fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
         let details: Arc<str> = match &last_plain_details {
             Some((scope, json)) if plain && *scope == span.scope => json.clone(),
             _ => {
-                let json: Arc<str> = codec::details_to_string(
+                let json: Arc<str> = attr_json::details_to_string(
                     &span.scope,
                     &span.events,
                     &span.links,
@@ -341,7 +360,7 @@ pub fn encode_rows(spans: Vec<Span>) -> Vec<SpanRow> {
             status_code: span.status.code.as_i32() as i16,
             budget_ms,
             budget_source,
-            attributes: codec::attributes_to_string(&span.attributes),
+            attributes: attr_json::attributes_to_string(&span.attributes),
             resource,
             details,
             service: span.service,
@@ -380,14 +399,6 @@ pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      span_count = excluded.span_count, services = excluded.services, \
      operations = excluded.operations, answer_ms = excluded.answer_ms, \
      origins = excluded.origins, flags = excluded.flags, hops = excluded.hops";
-
-/// The wall clock, in unix nanoseconds, for commit marks.
-pub fn now_unix_nano() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
 
 /// Rows of (trace id, number): marks, or counts (`decode_counts`).
 pub(crate) fn decode_marks(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<(TraceId, i64)>, StoreError> {
@@ -467,7 +478,7 @@ impl StoredRow {
             serde_json::from_str(text).map_err(|e| corrupt(what, &e))
         };
         let (scope, events, links, warnings) =
-            codec::details_from_json(&json(&self.details, "details")?);
+            attr_json::details_from_json(&json(&self.details, "details")?);
         Ok(Span {
             trace_id: TraceId::from_bytes(&self.trace_id).map_err(|e| corrupt("trace id", &e))?,
             span_id: SpanId::from_bytes(&self.span_id).map_err(|e| corrupt("span id", &e))?,
@@ -486,8 +497,8 @@ impl StoredRow {
                 code: StatusCode::from_i32(self.status_code.into()),
                 message: self.status_message,
             },
-            attributes: codec::attributes_from_json(&json(&self.attributes, "attributes")?),
-            resource: Arc::new(codec::attributes_from_json(&json(
+            attributes: attr_json::attributes_from_json(&json(&self.attributes, "attributes")?),
+            resource: Arc::new(attr_json::attributes_from_json(&json(
                 &self.resource,
                 "resource",
             )?)),
@@ -566,12 +577,12 @@ pub(crate) fn decode_operations(rows: Vec<(String, i16)>) -> Vec<Operation> {
 #[cfg(test)]
 mod tests {
     use super::{HOUR, encode_rows, rollup_ranges};
-    use crate::codec::details_to_string;
-    use crate::model::{Event, Scope};
+    use crate::core::attr_json::details_to_string;
+    use crate::core::model::{Event, Scope};
 
     #[test]
     fn rows_share_details_only_where_they_are_the_same() {
-        let mut spans = crate::analyze::fixture::parse(
+        let mut spans = crate::core::analyze::fixture::parse(
             "edge server \"a\" 0 10\n  edge client \"b\" 1 8\n  edge client \"c\" 2 7\n  edge client \"d\" 3 6\n  edge client \"e\" 4 5",
         );
         spans[1].events.push(Event {

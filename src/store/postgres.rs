@@ -22,14 +22,16 @@ use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
-use super::reported::{ReportedRow, StoredReported, add_reported, reported_query};
-use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
+use super::reported::{StoredReported, add_reported, reported_query};
+use super::rollup::StoredRollup;
 use super::summaries::{Dialect, delete_summaries_before, write_summaries};
-use super::{CLAIM, decode_counts, decode_marks, now_unix_nano, rollup_ranges};
-use crate::analyze::hops::HopSample;
-use crate::analyze::hops::Rollup;
-use crate::analyze::summary::TraceSummary;
-use crate::model::{Span, TraceId};
+use super::{CLAIM, decode_counts, decode_marks, rollup_ranges};
+use crate::clock::now_unix_nano;
+use crate::core::analyze::hops::HopSample;
+use crate::core::analyze::hops::Rollup;
+use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::model::{Span, TraceId};
 
 const INSERT_SPANS: &str = "INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, \
      start_unix_nano, end_unix_nano, status_code, status_message, budget_ms, budget_source, \
@@ -202,7 +204,7 @@ impl PostgresStore {
         if !traces.is_empty() {
             sqlx::query(MARK_DIRTY)
                 .bind(traces)
-                .bind(now_unix_nano())
+                .bind(now_unix_nano() as i64)
                 .execute(&mut *tx)
                 .await?;
         }
@@ -433,7 +435,7 @@ impl Store for PostgresStore {
     ) -> Result<Vec<(TraceId, i64)>, StoreError> {
         // Claimed in one statement; a row another server is claiming is skipped, not
         // waited for. This store's own claims are taken again (a pass that failed).
-        let now = now_unix_nano();
+        let now = now_unix_nano() as i64;
         let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
             "UPDATE dirty_traces d SET claimed_until = $3, claimed_by = $5 \
              FROM (SELECT trace_id FROM dirty_traces \

@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::analyze::summary::TraceSummary;
-use crate::analyze::{Flag, Outcome};
-use crate::model::TraceId;
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::analyze::{Flag, Outcome};
+use crate::core::model::TraceId;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
 use super::rollup::{ROLLUP_COLUMNS, encode_hops};
-use crate::analyze::hops::HopSample;
+use crate::core::analyze::hops::HopSample;
 
 /// A comparison on a span attribute: traces with at least one span where it holds.
 #[derive(Debug, Clone, PartialEq)]

@@ -5,37 +5,10 @@
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
-use super::rollup::HopRollupRow;
-use crate::analyze::hops::{Reported, Rollup};
+use crate::core::analyze::hops::{Reported, ReportedRow};
 
 /// Rows per statement: 9 parameters each, within SQLite's 32,766 and Postgres's 65,535.
 const CHUNK: usize = 1_000;
-
-/// One hop's deadline metrics for one minute (writes and per-minute reads), or summed over
-/// a range (reads, whose `minute_unix_nano` is the range's start).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReportedRow {
-    pub service: String,
-    pub operation: String,
-    pub minute_unix_nano: u64,
-    pub reported: Reported,
-}
-
-impl ReportedRow {
-    /// As a rollup row of its hop and minute with nothing but `reported` set, to merge with
-    /// the traces' rollups.
-    pub fn into_rollup_row(self) -> HopRollupRow {
-        HopRollupRow {
-            service: self.service,
-            operation: self.operation,
-            minute_unix_nano: self.minute_unix_nano,
-            rollup: Rollup {
-                reported: self.reported,
-                ..Rollup::default()
-            },
-        }
-    }
-}
 
 /// Adds `rows` to the stored minutes, inside the caller's transaction. The rows must have
 /// distinct keys (a Postgres upsert may not touch a row twice); sorted, so concurrent

@@ -6,22 +6,12 @@ use std::collections::BTreeMap;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
-use crate::analyze::hops::{COUNTED, Histogram, HopSample, Rollup, minute_of};
+use crate::core::analyze::hops::{
+    COUNTED, Histogram, HopRollupRow, HopSample, Rollup, RollupKey, minute_of,
+};
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
 const HOUR_NANOS: u64 = 3_600_000_000_000;
-
-/// One hop identity's rollup for one minute.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HopRollupRow {
-    pub service: String,
-    pub operation: String,
-    pub minute_unix_nano: u64,
-    pub rollup: Rollup,
-}
-
-/// (service, operation, minute).
-pub type RollupKey = (String, String, u64);
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
      local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist";

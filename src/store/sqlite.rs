@@ -2,9 +2,18 @@
 //!
 //! WAL journal with `synchronous = NORMAL`: a committed transaction survives a crash of
 //! the process; the last transactions before a power loss or OS crash may be lost
-//! (ARCHITECTURE.md, "Durability"). Writes go one at a time (SQLite allows one writer)
+//! (ARCHITECTURE.md, "Durability contract"). Writes go one at a time (SQLite allows one writer)
 //! through two connections behind one lock (`WriteSide`): ingest's own and sqlx's for
 //! everything else. Reads use their own pool and never wait for writes.
+//!
+//! Ingest inserts on a rusqlite connection of its own (cached single-row statements in one
+//! `BEGIN IMMEDIATE` transaction); 4 read-only connections read through a 1 GiB memory map.
+//! The start index keys on `start_unix_nano >> 30` (~1 s buckets), so inserts land at its
+//! right edge; a range query names that expression, then tests the exact start.
+//! Checkpoints stay off the writer's path: a checkpointer connection copies the WAL every
+//! 500 ms (PASSIVE); past 64 MiB of WAL it flushes the database file and asks the writer
+//! to start the WAL over between two transactions. The writers' own checkpoint at commit
+//! (past 256 MiB) bounds the WAL when that falls behind.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,18 +27,20 @@ use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
-use super::reported::{ReportedRow, StoredReported, add_reported, reported_query};
-use super::rollup::{HopRollupRow, RollupKey, StoredRollup};
+use super::reported::{StoredReported, add_reported, reported_query};
+use super::rollup::StoredRollup;
 use super::summaries::{Dialect, delete_summaries_before, push_list, write_summaries};
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     Within, decode_operations, decode_rows,
 };
-use super::{decode_counts, decode_marks, now_unix_nano, rollup_ranges};
-use crate::analyze::hops::HopSample;
-use crate::analyze::hops::Rollup;
-use crate::analyze::summary::TraceSummary;
-use crate::model::{Span, TraceId};
+use super::{decode_counts, decode_marks, rollup_ranges};
+use crate::clock::now_unix_nano;
+use crate::core::analyze::hops::HopSample;
+use crate::core::analyze::hops::Rollup;
+use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::model::{Span, TraceId};
 use futures_util::TryStreamExt as _;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -396,7 +407,7 @@ fn insert_on(
             upsert.execute(params![service, name, kind, last])?;
         }
         // Appended at the right edge of the marks' B-tree (its key starts with the time).
-        let received = now_unix_nano();
+        let received = now_unix_nano() as i64;
         let mut mark = tx.prepare_cached(
             "INSERT INTO trace_marks (received_unix_nano, trace_id) VALUES (?, ?) \
              ON CONFLICT DO NOTHING",

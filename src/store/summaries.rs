@@ -8,10 +8,11 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
-use super::rollup::{RollupKey, StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
-use crate::analyze::hops::{HopSample, Rollup};
-use crate::analyze::summary::TraceSummary;
-use crate::model::TraceId;
+use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
+use crate::core::analyze::hops::RollupKey;
+use crate::core::analyze::hops::{HopSample, Rollup};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::model::TraceId;
 
 /// Rows or keys per statement: within SQLite's 32,766 and Postgres's 65,535 parameters.
 const CHUNK: usize = 500;

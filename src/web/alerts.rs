@@ -13,17 +13,17 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::search::parse_time;
-use crate::alerter::{self, refresh_stored_rules};
-use crate::alerts::backtest::Backtest;
-use crate::alerts::rules::{Rule, RuleError, RuleSource, RuleSpec, validate_rule};
-use crate::alerts::silence::{Silence, parse_matchers};
+use crate::core::alerts::backtest::Backtest;
+use crate::core::alerts::rules::{Rule, RuleError, RuleSource, RuleSpec, validate_rule};
+use crate::core::alerts::silence::{Silence, parse_matchers};
+use crate::pipeline::alerter::{self, refresh_stored_rules};
 use crate::store::alerts::HistoryQuery;
 
 /// The most rows one history or delivery-log request returns.
 const MAX_LIMIT: u32 = 10_000;
 
 fn now() -> u64 {
-    super::pages::now_unix_nano()
+    crate::clock::now_unix_nano()
 }
 
 fn check_params(params: &BTreeMap<String, String>, known: &[&str]) -> Result<(), ApiError> {

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::analyze::{Analysis, AnalyzeOptions, analyze};
-use crate::codec;
-use crate::model::{Span, TraceId};
+use crate::core::analyze::{Analysis, AnalyzeOptions, analyze};
+use crate::core::attr_json;
+use crate::core::model::{Span, TraceId};
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
@@ -112,7 +112,7 @@ pub async fn trace_otlp(
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
     let (id, spans) = stored_trace(&state, &trace_id).await?;
-    let body = crate::export::to_json(&spans);
+    let body = crate::otlp::download::to_json(&spans);
     Ok((
         [
             (header::CONTENT_TYPE, "application/json".to_string()),
@@ -272,7 +272,7 @@ impl<'a> AnalysisJson<'a> {
                         span_id: span.span_id.to_hex(),
                         service: &span.service,
                         name: &span.name,
-                        reason: crate::analyze::origin_reason(row),
+                        reason: crate::core::analyze::origin_reason(row),
                     }
                 })
                 .collect(),
@@ -298,21 +298,21 @@ pub fn span_json(span: &Span) -> Value {
         "start_unix_nano": span.start_unix_nano,
         "end_unix_nano": span.end_unix_nano,
         "status": {"code": span.status.code.as_str(), "message": span.status.message},
-        "attributes": codec::attributes_to_json(&span.attributes),
-        "resource": codec::attributes_to_json(&span.resource),
+        "attributes": attr_json::attributes_to_json(&span.attributes),
+        "resource": attr_json::attributes_to_json(&span.resource),
         "scope": {"name": span.scope.name, "version": span.scope.version},
-        "events": codec::events_to_json(&span.events),
-        "links": codec::links_to_json(&span.links),
+        "events": attr_json::events_to_json(&span.events),
+        "links": attr_json::links_to_json(&span.links),
         "budget_ms": span.budget.as_ref().map(|b| b.ms),
         "budget_source": span.budget.as_ref().map(|b| b.source.as_str()),
         "warnings": span.warnings,
     })
 }
 
-/// `GET /api/status`: how far analysis is behind ingest (`crate::status::Status`).
+/// `GET /api/status`: how far analysis is behind ingest (`crate::pipeline::status::Status`).
 pub async fn status(
     State(state): State<AppState>,
-) -> Result<Json<crate::status::Status>, ApiError> {
+) -> Result<Json<crate::pipeline::status::Status>, ApiError> {
     Ok(Json(state.status.current().await?))
 }
 

@@ -3,7 +3,7 @@
 //! per-minute rollups the background analyzer maintains.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::search::parse_time;
-use crate::analyze::hops::{COUNTED, Rollup};
+use crate::core::analyze::hops::{COUNTED, Rollup};
 
 /// Most points a series may have.
 const MAX_POINTS: u64 = 10_000;
@@ -36,13 +36,6 @@ fn time_range(params: &BTreeMap<String, String>, now: u64) -> Result<(u64, u64),
     }
     // Rollups are per minute: widen to whole minutes so the last partial minute counts.
     Ok((since - since % MINUTE, until.div_ceil(MINUTE) * MINUTE))
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 fn quantiles(rollup: &Rollup) -> Value {
@@ -96,7 +89,7 @@ pub async fn hops(
             format!("parameter {unknown}: unknown; use since, until or service"),
         ));
     }
-    let (since, until) = time_range(&params, now())?;
+    let (since, until) = time_range(&params, crate::clock::now_unix_nano())?;
     let service = params
         .get("service")
         .map(String::as_str)
@@ -140,7 +133,7 @@ pub async fn series(
             format!("parameter {unknown}: unknown; use since, until or step"),
         ));
     }
-    let (since, until) = time_range(&params, now())?;
+    let (since, until) = time_range(&params, crate::clock::now_unix_nano())?;
     let step = match params.get("step").filter(|s| !s.is_empty()) {
         Some(text) => humantime::parse_duration(text)
             .ok()

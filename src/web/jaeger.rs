@@ -22,8 +22,10 @@ use super::AppState;
 use super::api::parse_trace_id;
 use super::error::ApiError;
 use super::search::MAX_LIMIT;
-use crate::analyze::{Analysis, AnalyzeOptions, Row, analyze, hops};
-use crate::model::{AttrValue, Attributes, Span, SpanKind, StatusCode as SpanStatus, TraceId};
+use crate::core::analyze::{Analysis, AnalyzeOptions, Row, analyze, hops};
+use crate::core::model::{
+    AttrValue, Attributes, Span, SpanKind, StatusCode as SpanStatus, TraceId,
+};
 use crate::store::query::{AttrFilter, AttrOp, TraceQuery};
 
 /// Traces a search answers by default, as Jaeger's UI asks.
@@ -143,10 +145,7 @@ pub async fn search(
     State(state): State<AppState>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, JaegerError> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let now = crate::clock::now_unix_nano();
     let query = parse_search(&params, now)?;
     let summaries = state
         .store
@@ -500,9 +499,10 @@ fn tags(attributes: &Attributes) -> Vec<Value> {
                 "value": base64::engine::general_purpose::STANDARD.encode(bytes),
             }),
             AttrValue::Empty => typed(key, json!("")),
-            AttrValue::Array(_) | AttrValue::Map(_) => {
-                typed(key, json!(crate::codec::value_to_json(value).to_string()))
-            }
+            AttrValue::Array(_) | AttrValue::Map(_) => typed(
+                key,
+                json!(crate::core::attr_json::value_to_json(value).to_string()),
+            ),
         })
         .collect()
 }

@@ -2,8 +2,18 @@
 //!
 //! Architecture invariant: handlers call the `Store` trait and pure functions only; no SQL
 //! here. `app(state)` builds the whole router, so tests drive it with `oneshot` and no
-//! socket.
+//! socket. No database or internal error text reaches a client (it is logged; the client
+//! gets what to do next). Span data reaches HTML only through askama's escaping, and every
+//! link is built from our own paths with `pages::enc` per component.
+//!
+//! Around every handler: who is let in (`access.rs`), a 421 for host names a loopback UI
+//! does not serve (DNS rebinding, `--allowed-hosts`), a 403 for a state-changing request a
+//! browser marks as sent from another site (`Sec-Fetch-Site`, else `Origin` against
+//! `Host`), and security headers (a Content-Security-Policy of `'self'` only) on every
+//! response. Bars and indents are classes of `/static/geometry.css` (`assets.rs`), never
+//! inline styles; JavaScript only enhances (collapse/expand, keyboard shortcuts).
 
+pub mod access;
 pub mod alerts;
 pub mod api;
 mod assets;
@@ -23,13 +33,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::{delete, get, post, put};
 
-use crate::alerter::RuleBook;
-use crate::analyze::AnalyzeOptions;
-use crate::auth::UiAccess;
-use crate::ingest::Ingestor;
-use crate::metrics::Metrics;
-use crate::status::Monitor;
+use crate::core::analyze::AnalyzeOptions;
+use crate::pipeline::alerter::RuleBook;
+use crate::pipeline::ingest::Ingestor;
+use crate::pipeline::metrics::Metrics;
+use crate::pipeline::status::Monitor;
 use crate::store::Store;
+use crate::web::access::UiAccess;
 
 /// What every handler may use.
 #[derive(Clone)]
@@ -75,10 +85,7 @@ impl AppState {
 /// unless `extra` names some. Refusing other names stops a page on another site from
 /// reaching a loopback instance by pointing its own name at 127.0.0.1 (DNS rebinding).
 pub fn allowed_hosts(addr: std::net::SocketAddr, extra: &[String]) -> Option<Arc<Vec<String>>> {
-    let mut hosts: Vec<String> = extra
-        .iter()
-        .filter_map(|h| crate::config::authority_host(h))
-        .collect();
+    let mut hosts: Vec<String> = extra.iter().filter_map(|h| authority_host(h)).collect();
     if addr.ip().is_loopback() {
         hosts.extend(
             ["localhost", "127.0.0.1", "[::1]"]
@@ -97,6 +104,17 @@ pub fn allowed_hosts(addr: std::net::SocketAddr, extra: &[String]) -> Option<Arc
     Some(Arc::new(hosts))
 }
 
+/// The host of a URL authority or `Host` header, as compared: lowercase, without port or
+/// trailing dot, IPv6 literals in brackets (`[::1]:8080` → `[::1]`).
+pub fn authority_host(authority: &str) -> Option<String> {
+    let host = match authority.trim().strip_prefix('[') {
+        Some(rest) => format!("[{}]", rest.split(']').next()?),
+        None => authority.trim().split(':').next()?.to_string(),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
 /// The host a request names (`Host`, or the HTTP/2 authority), lowercase, without its port.
 fn request_host(request: &Request) -> Option<String> {
     let authority = request
@@ -104,7 +122,7 @@ fn request_host(request: &Request) -> Option<String> {
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))?;
-    crate::config::authority_host(authority)
+    authority_host(authority)
 }
 
 pub fn app(state: AppState) -> Router {

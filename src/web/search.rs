@@ -1,7 +1,7 @@
 //! `GET /api/traces`: trace search over the summaries the background analyzer writes.
 //! Parameters are validated into a `TraceQuery`; each invalid one is named in a 400.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::analyze::summary::TraceSummary;
-use crate::analyze::{Flag, Outcome};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::analyze::{Flag, Outcome};
 use crate::store::query::{AttrFilter, AttrOp, Cursor, TraceQuery};
 
 pub const DEFAULT_LIMIT: u32 = 20;
@@ -20,10 +20,7 @@ pub async fn search(
     State(state): State<AppState>,
     Query(params): Query<Vec<(String, String)>>,
 ) -> Result<Json<Value>, ApiError> {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
+    let now = crate::clock::now_unix_nano();
     let mut query = parse_query(&params, now)?;
     let limit = query.limit;
     query.limit = limit + 1;

@@ -8,8 +8,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use budgetscope::config::{ServeArgs, ServeConfig};
-use budgetscope::model::{AttrValue, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
+use budgetscope::core::model::{
+    AttrValue, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
+};
+use budgetscope::server::config::{ServeArgs, ServeConfig};
 use budgetscope::server::{self, RunningServer};
 use sqlx::Connection as _;
 
@@ -212,10 +214,10 @@ pub async fn get_json(server: &RunningServer, path: &str) -> (u16, serde_json::V
 /// Fixture spans as an OTLP export request (one `ResourceSpans` per service), moved so the
 /// trace ends `ago_ms` before now (fixtures are dated 2023; retention would delete them).
 pub fn otlp_request(
-    spans: &[budgetscope::model::Span],
+    spans: &[budgetscope::core::model::Span],
     ago_ms: u64,
 ) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
-    use budgetscope::model::AttrValue;
+    use budgetscope::core::model::AttrValue;
     use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value::Value};
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
@@ -292,11 +294,11 @@ pub async fn post_otlp(
     assert_eq!(response.status(), 200);
 }
 
-/// A plain-text fixture (`budgetscope::analyze::fixture`) with its own trace id.
+/// A plain-text fixture (`budgetscope::core::analyze::fixture`) with its own trace id.
 pub fn fixture_trace(id: u8, text: &str) -> Vec<Span> {
-    let mut spans = budgetscope::analyze::fixture::parse(text);
+    let mut spans = budgetscope::core::analyze::fixture::parse(text);
     for span in &mut spans {
-        span.trace_id = budgetscope::model::TraceId([id; 16]);
+        span.trace_id = budgetscope::core::model::TraceId([id; 16]);
     }
     spans
 }
@@ -375,7 +377,7 @@ pub async fn oneshot(
 /// The inflated-checkout trace of docs/budget-semantics.md (edge forwards a fresh 5 s timeout
 /// with 780 ms left; inventory takes 1.49 s), moved to end about a minute ago.
 pub fn checkout_a_minute_ago() -> Vec<Span> {
-    let mut spans = budgetscope::analyze::fixture::parse(
+    let mut spans = budgetscope::core::analyze::fixture::parse(
         r#"
 edge server "GET /checkout" 0 1540 budget=800
   edge client "GET /stock" 20 1500 budget=5000
@@ -388,7 +390,7 @@ edge server "GET /checkout" 0 1540 budget=800
 
 /// Moves fixture spans (dated 2023, which retention would delete) to a minute ago.
 pub fn a_minute_ago(spans: &mut [Span]) {
-    let shift = now_nanos() - 60_000_000_000 - budgetscope::analyze::fixture::BASE_UNIX_NANO;
+    let shift = now_nanos() - 60_000_000_000 - budgetscope::core::analyze::fixture::BASE_UNIX_NANO;
     for span in spans {
         span.start_unix_nano += shift;
         span.end_unix_nano += shift;

@@ -11,10 +11,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse as _, Redirect, Response};
 
-use super::{PageError, enc, fmt_duration, fmt_time, hop_href, html, now_unix_nano};
-use crate::alerter;
-use crate::alerts::notify::fmt_value;
-use crate::alerts::rules::{RuleError, RuleSpec, Signal};
+use super::{PageError, enc, fmt_duration, fmt_time, hop_href, html};
+use crate::clock::now_unix_nano;
+use crate::core::alerts::notify::fmt_value;
+use crate::core::alerts::rules::{RuleError, RuleSpec, Signal};
+use crate::pipeline::alerter;
 use crate::web::AppState;
 use crate::web::alerts::{
     backtest_spec, expire_silence_now, rule_origin, save_rule, validate_silence,
@@ -254,7 +255,10 @@ fn spec_from_form(form: &[(String, String)]) -> (RuleSpec, Vec<RuleError>, Strin
     (spec, errors, action)
 }
 
-fn backtest_view(result: &crate::alerts::backtest::Backtest, selected: usize) -> BacktestView {
+fn backtest_view(
+    result: &crate::core::alerts::backtest::Backtest,
+    selected: usize,
+) -> BacktestView {
     let fired = result.episodes.len();
     let mut summary = match fired {
         0 => "This rule would not have fired in the last 24 hours".to_string(),
@@ -410,7 +414,7 @@ pub async fn new_rule(
 }
 
 /// A rule's spec, for copying a rule (of the file or stored) into a new one.
-fn spec_of(rule: &crate::alerts::rules::Rule) -> RuleSpec {
+fn spec_of(rule: &crate::core::alerts::rules::Rule) -> RuleSpec {
     let duration = |d: std::time::Duration| Some(humantime::format_duration(d).to_string());
     RuleSpec {
         name: Some(rule.name.clone()),

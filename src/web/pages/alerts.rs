@@ -8,11 +8,12 @@ use axum::extract::{Path, Query, State as AxumState};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use super::{PageError, enc, fmt_time, hop_href, html, now_unix_nano};
-use crate::alerts::eval::{Instance, State};
-use crate::alerts::notify::{Notification, fmt_value, labels};
-use crate::alerts::rules::{Rule, RuleSet};
-use crate::alerts::silence::{Silence, silenced_by};
+use super::{PageError, enc, fmt_time, hop_href, html};
+use crate::clock::now_unix_nano;
+use crate::core::alerts::eval::{Instance, State};
+use crate::core::alerts::notify::{Notification, fmt_value, labels};
+use crate::core::alerts::rules::{Rule, RuleSet};
+use crate::core::alerts::silence::{Silence, silenced_by};
 use crate::store::alerts::HistoryQuery;
 use crate::web::AppState;
 use crate::web::alerts::problems_message;
@@ -181,18 +182,18 @@ fn instance_row(instance: &Instance, quiet: &Quiet<'_>) -> InstanceRow {
     };
     let silenced = match (instance.state, rule) {
         (State::Resolved, _) | (_, None) => String::new(),
-        (_, Some(rule)) => match silenced_by(quiet.silences, &labels(rule, instance), quiet.now) {
-            Some(id) => format!("silenced by #{id}"),
-            None => crate::alerts::eval::inhibitor(instance, quiet.instances, family).map_or(
-                String::new(),
-                |by| {
-                    format!(
-                        "inhibited by {} on {} {}",
-                        by.rule, by.service, by.operation
-                    )
-                },
-            ),
-        },
+        (_, Some(rule)) => {
+            match silenced_by(quiet.silences, &labels(rule, instance), quiet.now) {
+                Some(id) => format!("silenced by #{id}"),
+                None => crate::core::alerts::eval::inhibitor(instance, quiet.instances, family)
+                    .map_or(String::new(), |by| {
+                        format!(
+                            "inhibited by {} on {} {}",
+                            by.rule, by.service, by.operation
+                        )
+                    }),
+            }
+        }
     };
     let since = match instance.state {
         State::Pending => instance.active_since,
@@ -452,7 +453,7 @@ pub async fn rule(
         (
             "Defined in",
             match (rule.source, state.rules.file()) {
-                (crate::alerts::rules::RuleSource::File, Some(path)) => format!(
+                (crate::core::alerts::rules::RuleSource::File, Some(path)) => format!(
                     "{} (read-only here; edit the file and send SIGHUP)",
                     path.display()
                 ),
@@ -481,7 +482,7 @@ pub async fn rule(
             nav: "alerts",
             name: rule.name.clone(),
             href: rule_href(&rule.name),
-            stored: rule.source == crate::alerts::rules::RuleSource::Database,
+            stored: rule.source == crate::core::alerts::rules::RuleSource::Database,
             paused: rule.paused,
             has_receivers: !rule.receivers.is_empty(),
             test_outcome: params.get("test").cloned(),

@@ -122,7 +122,7 @@ mod tests {
     fn every_flag_has_an_anchor_in_the_guide() {
         let (body, title) = render(GUIDE);
         assert_eq!(title, "What budgetscope's flags and numbers mean");
-        for flag in crate::analyze::Flag::ALL {
+        for flag in crate::core::analyze::Flag::ALL {
             let anchor = format!("<h3 id=\"{}\">", flag.as_str());
             assert!(body.contains(&anchor), "no {anchor} in the guide");
         }

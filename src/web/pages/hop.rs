@@ -14,9 +14,11 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
-use crate::analyze::hops::{FlagsAt, Histogram, Rollup, Spent, add_spent, by_trace, flags_at};
-use crate::analyze::{Flag, analyze};
-use crate::model::TraceId;
+use crate::core::analyze::hops::{
+    FlagsAt, Histogram, Rollup, Spent, add_spent, by_trace, flags_at,
+};
+use crate::core::analyze::{Flag, analyze};
+use crate::core::model::TraceId;
 use crate::store::query::TraceQuery;
 use crate::web::AppState;
 use crate::web::charts;
@@ -111,7 +113,7 @@ pub async fn hop(
     let spent = state
         .store
         .search_traces(&TraceQuery {
-            flag: Some(crate::analyze::Flag::InheritedExceed),
+            flag: Some(crate::core::analyze::Flag::InheritedExceed),
             limit: CALLER_TRACES,
             ..base_query
         })

@@ -15,7 +15,7 @@ pub mod overview;
 pub mod trace;
 pub mod traces;
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use askama::Template;
 use axum::http::{StatusCode, header};
@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
 use super::search::parse_time;
-use crate::analyze::fmt_ms;
+use crate::core::analyze::fmt_ms;
 use crate::store::StoreError;
 
 pub const MINUTE: u64 = 60_000_000_000;
@@ -141,7 +141,7 @@ pub const PERMILLE: u16 = 1000;
 pub const MAX_INDENT: usize = 40;
 
 pub fn enc(text: &str) -> String {
-    crate::alerts::notify::path_component(text)
+    crate::core::alerts::notify::path_component(text)
 }
 
 /// A query string from pairs, skipping empty values: `?a=1&b=x%20y` (or "" when none).
@@ -182,7 +182,7 @@ pub fn fmt_count(n: i64) -> String {
 
 /// "metrics: 1,204 local exceeds; traces: 37 sampled": a hop's deadline metrics beside
 /// the local exceeds its traces show; `None` when it exported none.
-pub fn reported_line(rollup: &crate::analyze::hops::Rollup) -> Option<String> {
+pub fn reported_line(rollup: &crate::core::analyze::hops::Rollup) -> Option<String> {
     let r = &rollup.reported;
     (!r.is_empty()).then(|| {
         format!(
@@ -205,12 +205,12 @@ pub async fn with_reported(
     service: Option<&str>,
     operation: Option<&str>,
     by_minute: bool,
-) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
+) -> Result<Vec<crate::core::analyze::hops::HopRollupRow>, StoreError> {
     Ok(store
         .reported(since, until, service, operation, by_minute)
         .await?
         .into_iter()
-        .map(crate::store::reported::ReportedRow::into_rollup_row)
+        .map(crate::core::analyze::hops::ReportedRow::into_rollup_row)
         .collect())
 }
 
@@ -266,13 +266,6 @@ pub fn fmt_axis_time(unix_nano: u64, long_range: bool) -> String {
     } else {
         text.get(11..16).unwrap_or("").to_string()
     }
-}
-
-pub fn now_unix_nano() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 /// The preset ranges of the time picker.
@@ -364,7 +357,7 @@ impl TimeRange {
             params.get("range").map(String::as_str),
             params.get("since").map(String::as_str),
             params.get("until").map(String::as_str),
-            now_unix_nano(),
+            crate::clock::now_unix_nano(),
         )
     }
 
@@ -428,7 +421,7 @@ impl TimeRange {
         service: Option<&str>,
         operation: Option<&str>,
         metrics_by_minute: bool,
-    ) -> Result<Vec<crate::store::rollup::HopRollupRow>, StoreError> {
+    ) -> Result<Vec<crate::core::analyze::hops::HopRollupRow>, StoreError> {
         let (since, until) = self.aligned();
         let hourly = self.step().is_multiple_of(60 * MINUTE);
         let mut rows = store
@@ -475,7 +468,7 @@ impl TimeRange {
 /// bars (local below, inherited above), with the non-empty buckets as table rows.
 pub fn exceeded_chart(
     range: &TimeRange,
-    rows: &[crate::store::rollup::HopRollupRow],
+    rows: &[crate::core::analyze::hops::HopRollupRow],
     source: Exceeds,
 ) -> (String, Vec<(String, i64, i64)>) {
     use super::charts::{self, Series};

@@ -13,9 +13,9 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, fmt_percent, hop_href,
     html, permille, query_string,
 };
-use crate::analyze::hops::Rollup;
-use crate::status::Status;
-use crate::store::rollup::HopRollupRow;
+use crate::core::analyze::hops::HopRollupRow;
+use crate::core::analyze::hops::Rollup;
+use crate::pipeline::status::Status;
 use crate::web::AppState;
 
 /// Sortable columns: (URL key, header, default order descending?).
@@ -169,7 +169,7 @@ pub fn build(
     let mut hops: Vec<(HopRow, Vec<f64>)> = merged
         .iter()
         .map(|((service, operation), r)| {
-            let q = |h: &crate::analyze::hops::Histogram, p| h.quantile(p);
+            let q = |h: &crate::core::analyze::hops::Histogram, p| h.quantile(p);
             let keys = vec![
                 0.0,
                 0.0,
@@ -305,7 +305,7 @@ pub fn build(
         all.merge(r);
     }
     let total_reported = super::reported_line(&all);
-    let legend = crate::analyze::Flag::ALL
+    let legend = crate::core::analyze::Flag::ALL
         .iter()
         .map(|f| {
             Badge::new(

@@ -19,9 +19,9 @@ use super::{
     Badge, MAX_INDENT, PageError, enc, fmt_duration, fmt_opt_duration, fmt_percent, fmt_time,
     hop_href, html, permille, query_string,
 };
-use crate::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
-use crate::codec;
-use crate::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
+use crate::core::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
+use crate::core::attr_json;
+use crate::core::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
 use crate::web::AppState;
 use crate::web::api::parse_trace_id;
 
@@ -556,7 +556,7 @@ pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
             analysis.rows[e]
                 .flags
                 .iter()
-                .any(|f| f.flag == crate::analyze::Flag::Overspent)
+                .any(|f| f.flag == crate::core::analyze::Flag::Overspent)
         });
         let mut text = if edge_overspent {
             format!("Exceeded: answered in {answered_s} of its {budget_s} budget.")
@@ -570,7 +570,7 @@ pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
             .origins
             .iter()
             .map(|&r| {
-                let reason = crate::analyze::origin_reason(&analysis.rows[r]);
+                let reason = crate::core::analyze::origin_reason(&analysis.rows[r]);
                 let mut told = label(r);
                 if !reason.is_empty() {
                     told.push_str(&format!(" ({reason})"));
@@ -620,7 +620,10 @@ pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
             fmt_duration(after)
         ));
     }
-    if let Some(n) = analysis.flag_counts.get(&crate::analyze::Flag::Wasted) {
+    if let Some(n) = analysis
+        .flag_counts
+        .get(&crate::core::analyze::Flag::Wasted)
+    {
         text.push_str(&format!(
             " {n} span{} kept working after {} caller gave up.",
             if *n == 1 { "" } else { "s" },
@@ -634,7 +637,7 @@ pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
 fn display_value(value: &AttrValue) -> String {
     match value {
         AttrValue::String(s) => s.clone(),
-        other => codec::value_to_json(other).to_string(),
+        other => attr_json::value_to_json(other).to_string(),
     }
 }
 
@@ -755,8 +758,8 @@ fn detail(
 #[cfg(test)]
 mod tests {
     use super::verdict;
-    use crate::analyze::fixture::parse;
-    use crate::analyze::{AnalyzeOptions, analyze};
+    use crate::core::analyze::fixture::parse;
+    use crate::core::analyze::{AnalyzeOptions, analyze};
 
     fn verdict_of(fixture: &str) -> String {
         let spans = parse(fixture);

@@ -8,11 +8,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse as _, Redirect, Response};
 
 use super::{
-    Badge, PageError, enc, flag_meaning, fmt_duration, fmt_opt_duration, fmt_time, html,
-    now_unix_nano, permille, query_string, trace_href,
+    Badge, PageError, enc, flag_meaning, fmt_duration, fmt_opt_duration, fmt_time, html, permille,
+    query_string, trace_href,
 };
-use crate::analyze::Flag;
-use crate::analyze::summary::TraceSummary;
+use crate::clock::now_unix_nano;
+use crate::core::analyze::Flag;
+use crate::core::analyze::summary::TraceSummary;
 use crate::store::query::Cursor;
 use crate::web::AppState;
 use crate::web::api::parse_trace_id;

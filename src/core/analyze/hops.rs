@@ -1,0 +1,617 @@
+//! Per-hop statistics: what each hop of a trace contributes (`HopSample`), and the
+//! mergeable per-minute rollups they add up to (`Rollup`). Pure.
+//!
+//! Quantiles come from a log-bucket histogram: 8 buckets per doubling, so a quantile is
+//! reported within ±4.4 % of a value that was really observed (the bucket's geometric
+//! midpoint), for any magnitude and sign. Histograms are sparse maps, merge by adding and
+//! un-merge by subtracting, so a late span's re-analysis replaces the trace's contribution.
+
+use std::collections::BTreeMap;
+
+use std::collections::{HashMap, HashSet};
+
+use super::{Analysis, AnalyzeOptions, Exceed, Flag, Role, analyze};
+use crate::core::model::{Span, TraceId};
+
+/// Buckets per doubling.
+const BUCKETS_PER_OCTAVE: f64 = 8.0;
+/// Values smaller than this in magnitude count as zero.
+const ZERO: f64 = 1e-6;
+
+/// A sparse log histogram. Keys: 0 for zero, ±(1 + bucket offset) for positive/negative values.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Histogram {
+    pub buckets: BTreeMap<i32, i64>,
+}
+
+impl Histogram {
+    fn key(value: f64) -> i32 {
+        if !value.is_finite() || value.abs() < ZERO {
+            return 0;
+        }
+        // Offset so every |value| ≥ ZERO gets a positive index.
+        let index = ((value.abs() / ZERO).log2() * BUCKETS_PER_OCTAVE).floor() as i32 + 1;
+        if value > 0.0 { index } else { -index }
+    }
+
+    /// The geometric midpoint of a bucket.
+    fn value(key: i32) -> f64 {
+        if key == 0 {
+            return 0.0;
+        }
+        let index = f64::from(key.abs() - 1) + 0.5;
+        let magnitude = ZERO * (index / BUCKETS_PER_OCTAVE).exp2();
+        if key > 0 { magnitude } else { -magnitude }
+    }
+
+    pub fn record(&mut self, value: f64, weight: i64) {
+        let key = Self::key(value);
+        let count = self.buckets.entry(key).or_insert(0);
+        *count += weight;
+        if *count == 0 {
+            self.buckets.remove(&key);
+        }
+    }
+
+    pub fn merge(&mut self, other: &Histogram) {
+        for (key, count) in &other.buckets {
+            let entry = self.buckets.entry(*key).or_insert(0);
+            *entry += count;
+            if *entry == 0 {
+                self.buckets.remove(key);
+            }
+        }
+    }
+
+    /// Takes `other`'s counts back out: the inverse of `merge`.
+    pub fn unmerge(&mut self, other: &Histogram) {
+        for (key, count) in &other.buckets {
+            let entry = self.buckets.entry(*key).or_insert(0);
+            *entry -= count;
+            if *entry == 0 {
+                self.buckets.remove(key);
+            }
+        }
+    }
+
+    pub fn count(&self) -> i64 {
+        self.buckets.values().filter(|c| **c > 0).sum()
+    }
+
+    /// The value at quantile `q` (0–1), or `None` when empty.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as i64).max(1);
+        let mut seen = 0;
+        // Keys order: negatives by magnitude descending first.
+        let mut keys: Vec<i32> = self.buckets.keys().copied().collect();
+        keys.sort_by(|a, b| Self::value(*a).total_cmp(&Self::value(*b)));
+        for key in keys {
+            seen += self.buckets[&key].max(0);
+            if seen >= rank {
+                return Some(Self::value(key));
+            }
+        }
+        None
+    }
+
+    /// Each non-empty bucket as (its representative value, count), in value order.
+    pub fn points(&self) -> Vec<(f64, i64)> {
+        let mut points: Vec<(f64, i64)> = self
+            .buckets
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(k, c)| (Self::value(*k), *c))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        points
+    }
+
+    /// Compact text form for storage: `key:count,key:count`.
+    pub fn encode(&self) -> String {
+        self.buckets
+            .iter()
+            .map(|(k, c)| format!("{k}:{c}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Reads `encode`'s form; malformed pairs are skipped.
+    pub fn decode(text: &str) -> Histogram {
+        let buckets = text
+            .split(',')
+            .filter_map(|pair| {
+                let (k, c) = pair.split_once(':')?;
+                Some((k.parse().ok()?, c.parse().ok()?))
+            })
+            .collect();
+        Histogram { buckets }
+    }
+}
+
+/// What one hop of one trace contributes to its identity's statistics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HopSample {
+    pub service: String,
+    pub operation: String,
+    pub start_unix_nano: u64,
+    pub budget_ms: Option<f64>,
+    pub burn: Option<f64>,
+    pub self_ms: f64,
+    /// Counts, indexed like `COUNTED`, of flags on the hop and on the calls it made.
+    pub counts: [i64; COUNTED.len()],
+    pub wasted_ms: f64,
+}
+
+/// What a rollup counts, in column order: flags, and `origin`, the exceeded requests whose
+/// budget ran out at the hop.
+pub const COUNTED: [&str; 9] = [
+    "inherited_exceed",
+    "local_exceed",
+    "overspent",
+    "inflated",
+    "dropped",
+    "doomed",
+    "refused",
+    "retry",
+    "origin",
+];
+
+fn counted_index(flag: Flag) -> Option<usize> {
+    COUNTED.iter().position(|name| *name == flag.as_str())
+}
+
+/// The hop samples of an analysed trace. Flags of a call (inflated, doomed, retry) count
+/// for the hop that made it; an origin counts for its own hop.
+pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
+    let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
+    for row in analysis.rows.iter().filter(|row| row.role == Role::Hop) {
+        let span = &spans[row.span];
+        by_span.insert(
+            row.span,
+            HopSample {
+                service: span.service.clone(),
+                operation: span.name.clone(),
+                start_unix_nano: span.start_unix_nano,
+                budget_ms: row.budget_ms,
+                burn: row.burn,
+                self_ms: row.self_ms.unwrap_or(0.0),
+                counts: [0; COUNTED.len()],
+                wasted_ms: row.wasted_ms.unwrap_or(0.0),
+            },
+        );
+    }
+    for row in &analysis.rows {
+        let Some(sample) = row.owner.and_then(|o| by_span.get_mut(&o)) else {
+            continue;
+        };
+        for note in &row.flags {
+            // The exceed field is authoritative for the two exceed counts.
+            if matches!(note.flag, Flag::InheritedExceed | Flag::LocalExceed) {
+                continue;
+            }
+            if let Some(i) = counted_index(note.flag) {
+                sample.counts[i] += 1;
+            }
+        }
+        if row.role == Role::Hop {
+            match row.exceed {
+                Some(Exceed::Inherited) => sample.counts[0] += 1,
+                Some(Exceed::Local) => sample.counts[1] += 1,
+                None => {}
+            }
+        }
+    }
+    let origin = COUNTED.len() - 1;
+    for &r in &analysis.origins {
+        if let Some(sample) = by_span.get_mut(&analysis.rows[r].span) {
+            sample.counts[origin] += 1;
+        }
+    }
+    by_span.into_values().collect()
+}
+
+/// Per hop identity and minute: counts and histograms. `add` with weight −1 removes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rollup {
+    pub requests: i64,
+    pub counts: [i64; COUNTED.len()],
+    pub wasted_ms: f64,
+    pub budget: Histogram,
+    pub burn: Histogram,
+    pub self_ms: Histogram,
+    /// What the hop's own deadline metrics reported (every request, not only sampled
+    /// traces); never derived from spans, read beside the rollups (`Store::reported`).
+    pub reported: Reported,
+}
+
+/// A hop's deadline metrics over some minutes, as exported over OTLP metrics: the
+/// `deadline.exceeded` counter by origin and the `deadline.budget_received` and
+/// `deadline.budget_remaining` histograms' counts and sums (milliseconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reported {
+    pub local_exceeds: i64,
+    pub inherited_exceeds: i64,
+    pub received_count: i64,
+    pub received_sum_ms: f64,
+    pub remaining_count: i64,
+    pub remaining_sum_ms: f64,
+}
+
+impl Reported {
+    pub fn merge(&mut self, other: &Reported, weight: i64) {
+        self.local_exceeds += weight * other.local_exceeds;
+        self.inherited_exceeds += weight * other.inherited_exceeds;
+        self.received_count += weight * other.received_count;
+        self.received_sum_ms += weight as f64 * other.received_sum_ms;
+        self.remaining_count += weight * other.remaining_count;
+        self.remaining_sum_ms += weight as f64 * other.remaining_sum_ms;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Reported::default()
+    }
+
+    /// Mean budget received, in milliseconds.
+    pub fn received_mean_ms(&self) -> Option<f64> {
+        (self.received_count > 0).then(|| self.received_sum_ms / self.received_count as f64)
+    }
+
+    /// Mean budget left when the hop answered, in milliseconds.
+    pub fn remaining_mean_ms(&self) -> Option<f64> {
+        (self.remaining_count > 0).then(|| self.remaining_sum_ms / self.remaining_count as f64)
+    }
+}
+
+impl Rollup {
+    pub fn add(&mut self, sample: &HopSample, weight: i64) {
+        self.requests += weight;
+        for (total, count) in self.counts.iter_mut().zip(sample.counts) {
+            *total += weight * count;
+        }
+        self.wasted_ms += weight as f64 * sample.wasted_ms;
+        if let Some(budget) = sample.budget_ms {
+            self.budget.record(budget, weight);
+        }
+        if let Some(burn) = sample.burn {
+            self.burn.record(burn, weight);
+        }
+        self.self_ms.record(sample.self_ms, weight);
+    }
+
+    pub fn merge(&mut self, other: &Rollup) {
+        self.requests += other.requests;
+        for (total, count) in self.counts.iter_mut().zip(other.counts) {
+            *total += count;
+        }
+        self.wasted_ms += other.wasted_ms;
+        self.budget.merge(&other.budget);
+        self.burn.merge(&other.burn);
+        self.self_ms.merge(&other.self_ms);
+        self.reported.merge(&other.reported, 1);
+    }
+
+    /// Takes `other` back out: the inverse of `merge` (a sliding window's oldest minute).
+    pub fn unmerge(&mut self, other: &Rollup) {
+        self.requests -= other.requests;
+        for (total, count) in self.counts.iter_mut().zip(other.counts) {
+            *total -= count;
+        }
+        self.wasted_ms -= other.wasted_ms;
+        self.budget.unmerge(&other.budget);
+        self.burn.unmerge(&other.burn);
+        self.self_ms.unmerge(&other.self_ms);
+        self.reported.merge(&other.reported, -1);
+    }
+
+    pub fn count(&self, name: &str) -> i64 {
+        COUNTED
+            .iter()
+            .position(|n| *n == name)
+            .map_or(0, |i| self.counts[i])
+    }
+}
+
+/// One hop identity's rollup for one minute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HopRollupRow {
+    pub service: String,
+    pub operation: String,
+    pub minute_unix_nano: u64,
+    pub rollup: Rollup,
+}
+
+/// (service, operation, minute).
+pub type RollupKey = (String, String, u64);
+
+/// One hop's deadline metrics for one minute (writes and per-minute reads), or summed over
+/// a range (reads, whose `minute_unix_nano` is the range's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportedRow {
+    pub service: String,
+    pub operation: String,
+    pub minute_unix_nano: u64,
+    pub reported: Reported,
+}
+
+impl ReportedRow {
+    /// As a rollup row of its hop and minute with nothing but `reported` set, to merge with
+    /// the traces' rollups.
+    pub fn into_rollup_row(self) -> HopRollupRow {
+        HopRollupRow {
+            service: self.service,
+            operation: self.operation,
+            minute_unix_nano: self.minute_unix_nano,
+            rollup: Rollup {
+                reported: self.reported,
+                ..Rollup::default()
+            },
+        }
+    }
+}
+
+/// Spans grouped by trace, each trace's spans in their original order.
+pub fn by_trace(spans: Vec<Span>) -> HashMap<TraceId, Vec<Span>> {
+    let mut by_trace: HashMap<TraceId, Vec<Span>> = HashMap::new();
+    for span in spans {
+        by_trace.entry(span.trace_id).or_default().push(span);
+    }
+    by_trace
+}
+
+/// Requests that arrived at a hop already spent: who sent them, and where their budget ran
+/// out.
+#[derive(Debug, Default, PartialEq)]
+pub struct Spent {
+    /// (caller service, caller operation) → (how many, an example trace id). Callers
+    /// outside any instrumented hop are keyed by empty strings.
+    pub callers: BTreeMap<(String, String), (usize, String)>,
+    /// (service, operation) of the origin hop upstream of each arrival → how many.
+    pub origins: BTreeMap<(String, String), usize>,
+}
+
+impl Spent {
+    /// The origin hop most of the spent requests ran out at.
+    pub fn top_origin(&self) -> Option<(String, String)> {
+        self.origins
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(hop, _)| hop.clone())
+    }
+}
+
+/// `Spent` for one hop identity over the spans of several traces.
+pub fn spent_at(
+    spans: Vec<Span>,
+    service: &str,
+    operation: &str,
+    options: &AnalyzeOptions,
+) -> Spent {
+    let mut out = Spent::default();
+    for (id, spans) in by_trace(spans) {
+        let analysis = analyze(&spans, options);
+        add_spent(&spans, &analysis, service, operation, id, &mut out);
+    }
+    out
+}
+
+/// Adds one analysed trace's already-spent arrivals at the hop identity to `out`.
+pub fn add_spent(
+    spans: &[Span],
+    analysis: &Analysis,
+    service: &str,
+    operation: &str,
+    id: TraceId,
+    out: &mut Spent,
+) {
+    let row_of: HashMap<usize, usize> = analysis
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| (row.span, r))
+        .collect();
+    let index: HashMap<_, usize> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.span_id, i))
+        .collect();
+    let origins: HashSet<usize> = analysis
+        .origins
+        .iter()
+        .map(|&r| analysis.rows[r].span)
+        .collect();
+    let parent = |i: usize| spans[i].parent_span_id.and_then(|p| index.get(&p).copied());
+    for row in &analysis.rows {
+        let span = &spans[row.span];
+        if row.role != Role::Hop
+            || row.exceed != Some(Exceed::Inherited)
+            || span.service != service
+            || span.name != operation
+        {
+            continue;
+        }
+        // The caller: the owner hop of the call span that reached this hop.
+        let owner = parent(row.span)
+            .and_then(|c| row_of.get(&c))
+            .and_then(|&r| analysis.rows[r].owner)
+            .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
+            .unwrap_or_default();
+        let entry = out.callers.entry(owner).or_insert((0, id.to_hex()));
+        entry.0 += 1;
+        // The origin: the nearest ancestor where the request ran out. The walk is bounded
+        // by the span count, so a parent cycle cannot loop.
+        let mut at = parent(row.span);
+        for _ in 0..spans.len() {
+            let Some(i) = at else { break };
+            if origins.contains(&i) {
+                let hop = (spans[i].service.clone(), spans[i].name.clone());
+                *out.origins.entry(hop).or_default() += 1;
+                break;
+            }
+            at = parent(i);
+        }
+    }
+}
+
+/// One hop identity's part of a trace's flags: those on its hops and on the calls they
+/// made, the rest of the trace's, and whether the request ran out at it.
+#[derive(Debug, Default, PartialEq)]
+pub struct FlagsAt {
+    pub here: BTreeMap<Flag, usize>,
+    pub elsewhere: BTreeMap<Flag, usize>,
+    pub origin: bool,
+}
+
+pub fn flags_at(spans: &[Span], analysis: &Analysis, service: &str, operation: &str) -> FlagsAt {
+    let is_here = |span: usize| spans[span].service == service && spans[span].name == operation;
+    let mut out = FlagsAt::default();
+    for row in &analysis.rows {
+        let counts = if row.owner.is_some_and(is_here) {
+            &mut out.here
+        } else {
+            &mut out.elsewhere
+        };
+        for note in &row.flags {
+            *counts.entry(note.flag).or_default() += 1;
+        }
+    }
+    out.origin = analysis
+        .origins
+        .iter()
+        .any(|&r| is_here(analysis.rows[r].span));
+    out
+}
+
+/// The minute a sample belongs to, as unix nanoseconds at the minute's start.
+pub fn minute_of(unix_nano: u64) -> u64 {
+    unix_nano - unix_nano % 60_000_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::analyze::fixture::parse;
+    use crate::core::analyze::{AnalyzeOptions, analyze};
+
+    #[test]
+    fn quantiles_are_within_the_bucket_precision() {
+        let mut histogram = Histogram::default();
+        for value in 1..=1000 {
+            histogram.record(f64::from(value), 1);
+        }
+        for (q, exact) in [(0.5, 500.0), (0.95, 950.0), (0.99, 990.0)] {
+            let got = histogram.quantile(q).unwrap();
+            assert!(
+                (got - exact).abs() / exact < 0.045,
+                "q{q}: {got} vs {exact}"
+            );
+        }
+        let mut signed = Histogram::default();
+        for value in [-100.0, -50.0, 0.0, 20.0, 700.0] {
+            signed.record(value, 1);
+        }
+        assert!((signed.quantile(0.2).unwrap() + 100.0).abs() < 5.0);
+        assert_eq!(signed.quantile(0.6), Some(0.0));
+        assert_eq!(Histogram::decode(&signed.encode()), signed);
+        assert_eq!(Histogram::default().quantile(0.5), None);
+    }
+
+    /// edge runs out in its own work, then calls billing with nothing left.
+    const DOOMED_BILLING: &str = r#"
+edge server "GET /" 0 1200 budget=1000
+  edge client "billing" 1100 60 budget=-100
+    billing server "Charge" 1101 40 budget=-100
+"#;
+
+    #[test]
+    fn removing_a_sample_undoes_adding_it() {
+        let spans = parse(DOOMED_BILLING);
+        let samples = samples(&spans, &analyze(&spans, &AnalyzeOptions::default()));
+        assert_eq!(samples.len(), 2);
+        let edge = &samples[0];
+        assert_eq!(
+            (edge.service.as_str(), edge.operation.as_str()),
+            ("edge", "GET /")
+        );
+        // overspent on the hop, doomed on its call, the local exceed, and the origin.
+        assert_eq!(edge.counts, [0, 1, 1, 0, 0, 1, 0, 0, 1]);
+        assert_eq!(samples[1].counts[0], 1, "billing arrived already spent");
+
+        let mut rollup = Rollup::default();
+        rollup.add(&samples[0], 1);
+        let snapshot = rollup.clone();
+        rollup.add(&samples[1], 1);
+        rollup.add(&samples[1], -1);
+        assert_eq!(rollup, snapshot);
+        let mut other = Rollup::default();
+        other.add(&samples[1], 1);
+        rollup.merge(&other);
+        rollup.unmerge(&other);
+        assert_eq!(rollup, snapshot, "unmerge undoes merge");
+        assert_eq!(rollup.count("local_exceed"), 1);
+    }
+
+    #[test]
+    fn a_hops_flags_are_told_apart_from_the_rest_of_the_trace() {
+        let spans = parse(DOOMED_BILLING);
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let edge = flags_at(&spans, &analysis, "edge", "GET /");
+        assert!(edge.origin, "the request ran out at edge");
+        assert_eq!(
+            edge.here.keys().map(|f| f.as_str()).collect::<Vec<_>>(),
+            ["overspent", "local_exceed", "doomed"],
+            "the hop's own flags and its call's"
+        );
+        assert_eq!(
+            edge.elsewhere
+                .keys()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>(),
+            ["inherited_exceed"]
+        );
+        let billing = flags_at(&spans, &analysis, "billing", "Charge");
+        assert!(!billing.origin);
+        assert_eq!(billing.here.len(), 1);
+        assert_eq!(billing.here.get(&Flag::InheritedExceed), Some(&1));
+        let total: usize = billing
+            .here
+            .values()
+            .chain(billing.elsewhere.values())
+            .sum();
+        assert_eq!(total, analysis.flag_counts.values().sum::<usize>());
+    }
+
+    #[test]
+    fn spent_arrivals_name_their_caller_and_the_origin_upstream() {
+        let spans = parse(
+            r#"
+edge server "GET /" 0 1000 budget=700
+  edge client "orders" 10 980 budget=690
+    orders server "POST /orders" 12 970 budget=688
+      orders client "billing" 900 60 budget=-200
+        billing server "Charge" 901 50 budget=-201
+          billing client "ledger" 910 30 budget=-210
+            ledger server "Append" 911 28 budget=-211
+"#,
+        );
+        let orders = ("orders".to_string(), "POST /orders".to_string());
+        let spent = spent_at(
+            spans.clone(),
+            "billing",
+            "Charge",
+            &AnalyzeOptions::default(),
+        );
+        assert_eq!(spent.callers.keys().collect::<Vec<_>>(), [&orders]);
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
+        // Two hops down, the caller is billing; the budget still ran out at orders.
+        let spent = spent_at(spans, "ledger", "Append", &AnalyzeOptions::default());
+        assert_eq!(
+            spent.callers.keys().collect::<Vec<_>>(),
+            [&("billing".to_string(), "Charge".to_string())]
+        );
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
+    }
+}

@@ -1,0 +1,226 @@
+//! The background analyzer: summarises traces once they have been quiet for
+//! `--quiet-period`, so search answers from summaries instead of analysing on the fly.
+//!
+//! Architecture invariant: it only reads spans and writes summaries through the `Store`
+//! trait; marks are cleared compare-and-delete, so a span that arrives while its trace is
+//! being analysed marks it again and the trace is analysed once more. Marks live in the
+//! database, so traces committed before a restart are summarised after it. Ingest comes
+//! first: while requests wait for the store, the analyzer rests between passes.
+//!
+//! A pass takes up to `PASS_SIZE` quiet traces; those whose spans are all held in memory
+//! (`held.rs`; as many as the store counts, no repeated id) are not read back, the others
+//! are read whole in id order until the pass's memory reservation is used. It analyses them
+//! in one blocking task and writes summaries, index terms, hop contributions and rollup
+//! deltas in one transaction. On Postgres, servers sharing a database share the work:
+//! `quiet_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE SKIP LOCKED`)
+//! and a server that dies leaves its claims to expire. While more than a quarter of
+//! `--max-queued-spans` waits (`Ingestor::backlogged`), it rests three times as long as its
+//! last pass took (at most 2 s), so it has at most a quarter of the single writer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::core::analyze::hops::samples;
+use crate::core::analyze::summary::summarize;
+use crate::core::analyze::{AnalyzeOptions, analyze};
+use crate::core::model::{Span, TraceId};
+use crate::pipeline::held::{HeldSpan, HeldTraces};
+use crate::pipeline::ingest::Ingestor;
+use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
+use crate::pipeline::metrics::Metrics;
+use crate::store::{Store, StoreError};
+
+/// Traces analysed per pass (one transaction of summaries), at most: fewer when their
+/// spans do not fit in the pass's share of the memory budget. Against 200, finding the
+/// quiet traces and counting their spans are paid a fifth as often: at 50k spans/s the lag
+/// p99 fell from 13.2 s to 4.0 s (BENCHMARKS.md).
+const PASS_SIZE: u32 = 1000;
+
+#[derive(Debug, Clone)]
+pub struct AnalyzerOptions {
+    pub quiet_period: Duration,
+    pub analyze: AnalyzeOptions,
+    /// Receives the rollup changes each pass writes (`/metrics`).
+    pub metrics: Arc<Metrics>,
+    /// Each pass reserves its working memory here (`MemoryBudget::reserve_pass`).
+    pub memory: Arc<MemoryBudget>,
+    /// Committed spans held in memory: a trace whose spans are all there is not read back.
+    pub held: Arc<HeldTraces>,
+}
+
+/// While ingest is backlogged (a quarter of its queue waits), the analyzer rests this many
+/// times as long as its last pass took: it then has at most a quarter of the single
+/// writer's time until ingest has caught up.
+const REST_PER_PASS: u32 = 3;
+
+/// The longest rest between two passes, so summaries still advance under sustained load.
+const MAX_REST: Duration = Duration::from_secs(2);
+
+/// Runs until `stop`. Passes yield to `ingest` whenever it is backlogged:
+/// a span not yet committed can be lost (its exporter gives up), a trace not yet
+/// summarised only waits.
+pub async fn run(
+    store: Arc<dyn Store>,
+    options: AnalyzerOptions,
+    ingest: Arc<Ingestor>,
+    stop: CancellationToken,
+) {
+    let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let backlogged = || ingest.backlogged();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
+        }
+        match analyze_quiet_traces(store.as_ref(), &options, &backlogged, &stop).await {
+            Ok(0) => {}
+            Ok(traces) => tracing::debug!(traces, "summarised quiet traces"),
+            Err(error) => tracing::warn!(%error, "summarising traces failed; will try again"),
+        }
+    }
+}
+
+/// Summarises every trace quiet now; returns how many. After each pass, while
+/// `backlogged()` says ingest has fallen behind, rests `REST_PER_PASS` times the
+/// pass's duration.
+pub async fn analyze_quiet_traces(
+    store: &dyn Store,
+    options: &AnalyzerOptions,
+    backlogged: &(dyn Fn() -> bool + Sync),
+    stop: &CancellationToken,
+) -> Result<usize, StoreError> {
+    let mut done = 0;
+    while !stop.is_cancelled() {
+        let started = Instant::now();
+        let pass = analysis_pass(store, options).await?;
+        done += pass.analysed;
+        if !pass.more {
+            break;
+        }
+        if backlogged() {
+            let rest = (started.elapsed() * REST_PER_PASS).min(MAX_REST);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// Traces summarised (or found deleted).
+    pub analysed: usize,
+    /// Whether more traces may be quiet now.
+    pub more: bool,
+}
+
+/// One pass: summarises up to `PASS_SIZE` quiet traces in one transaction, as many as fit
+/// in the memory the budget gives the pass (at least one).
+pub async fn analysis_pass(
+    store: &dyn Store,
+    options: &AnalyzerOptions,
+) -> Result<Pass, StoreError> {
+    let now = crate::clock::now_unix_nano();
+    let cutoff = now.saturating_sub(options.quiet_period.as_nanos() as u64);
+    let started = Instant::now();
+    let mut marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
+    let selected = started.elapsed();
+    if marks.is_empty() {
+        return Ok(Pass {
+            analysed: 0,
+            more: false,
+        });
+    }
+    let full_page = marks.len() >= PASS_SIZE as usize;
+    // A trace marked by several commits comes with each of its marks.
+    let mut ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    // Traces whose spans are all held in memory (as many as the store has) are not read.
+    let mut held = options.held.take(&ids);
+    if !held.is_empty() {
+        let candidates: Vec<TraceId> = held.keys().copied().collect();
+        let stored = store.span_counts(&candidates).await?;
+        held.retain(|id, spans| stored.get(id) == Some(&(spans.len() as u64)));
+    }
+    let from_memory = held.len() as u64;
+    let counted = started.elapsed();
+    let unheld: Vec<TraceId> = ids
+        .iter()
+        .filter(|id| !held.contains_key(id))
+        .copied()
+        .collect();
+    let mut memory = options.memory.reserve_pass();
+    let max_bytes = memory.bytes() / PASS_BYTES_PER_ROW_BYTE;
+    let (spans, bytes, stopped) = if unheld.is_empty() {
+        (Vec::new(), 0, false)
+    } else {
+        let (spans, bytes) = store.traces_within(&unheld, max_bytes).await?;
+        (spans, bytes, bytes >= max_bytes)
+    };
+    let held_bytes: u64 = held.values().flatten().map(HeldSpan::bytes).sum();
+    memory.set((bytes + held_bytes) * PASS_BYTES_PER_ROW_BYTE);
+    // Traces are read in id order: when the reading stopped at the limit, traces after
+    // the last one read wait for the next pass; the ones up to it without spans were
+    // deleted by retention since they were marked (no summary; their marks are cleared).
+    let last_read = spans.iter().map(|s| s.trace_id).max();
+    if stopped && let Some(last) = last_read {
+        ids.retain(|id| *id <= last || held.contains_key(id));
+        marks.retain(|(id, _)| *id <= last || held.contains_key(id));
+    }
+    let read = started.elapsed();
+    let analyze_options = options.analyze.clone();
+    // One blocking task for the pass: group by trace, analyse, summarise.
+    let summaries = tokio::task::spawn_blocking(move || {
+        let mut by_trace: HashMap<TraceId, Vec<Span>> = held
+            .into_iter()
+            .map(|(id, spans)| (id, spans.iter().map(|span| span.to_span(id)).collect()))
+            .collect();
+        for span in spans {
+            by_trace.entry(span.trace_id).or_default().push(span);
+        }
+        by_trace
+            .into_values()
+            .filter_map(|mut spans| {
+                spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
+                let analysis = analyze(&spans, &analyze_options);
+                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
+    let analysed = started.elapsed();
+    let deltas = store.write_summaries(&summaries, &marks).await?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    tracing::debug!(
+        traces = ids.len(),
+        from_memory,
+        select_ms = ms(selected),
+        count_ms = ms(counted - selected),
+        read_ms = ms(read - counted),
+        analyse_ms = ms(analysed - read),
+        write_ms = ms(started.elapsed() - analysed),
+        "analysis pass"
+    );
+    drop(memory);
+    options.metrics.record_rollups(&deltas);
+    options
+        .metrics
+        .traces_analysed
+        .inc_by(summaries.len() as u64);
+    options
+        .metrics
+        .traces_analysed_from_memory
+        .inc_by(from_memory);
+    Ok(Pass {
+        analysed: ids.len(),
+        more: full_page || stopped,
+    })
+}
