@@ -18,10 +18,9 @@ use budgetscope::core::analyze::summary::summarize;
 use budgetscope::core::analyze::{AnalyzeOptions, analyze};
 use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
 use budgetscope::core::model::{Span, TraceId};
+use budgetscope::otlp::decode::{Format, decode_traces};
 use budgetscope::otlp::generate::generate;
-use budgetscope::otlp::json as otlp_json;
 use budgetscope::otlp::normalize::{NormalizeOptions, normalize};
-use budgetscope::otlp::protobuf::decode_request;
 use budgetscope::pipeline::held::HeldTraces;
 use budgetscope::pipeline::memory::MemoryBudget;
 use budgetscope::pipeline::receiver::prepare;
@@ -89,23 +88,18 @@ fn requests() {
         let protobuf = request.encode_to_vec();
         let json = serde_json::to_vec(&request).expect("the request serialises");
         drop(request);
-        for (format, body) in [("protobuf", protobuf), ("JSON", json)] {
+        for (format, body) in [(Format::Protobuf, protobuf), (Format::Json, json)] {
             let len = body.len();
             let (rows, peak) = peak_of(|| {
-                let request = match format {
-                    "protobuf" => decode_request(body.into()).expect("decodes").0,
-                    _ => otlp_json::decode(std::str::from_utf8(&body).expect("UTF-8"))
-                        .expect("decodes"),
-                };
-                let (rows, held, _) =
-                    prepare(request, &options, now(), None, Vec::new(), Some(&recent));
+                let decoded = decode_traces(body.into(), format).expect("decodes");
+                let (rows, held, _) = prepare(decoded, &options, now(), Some(&recent));
                 (rows, held)
             });
             let rows_bytes = LIVE.load(Ordering::Relaxed);
             drop(rows);
             let rows_bytes = rows_bytes - LIVE.load(Ordering::Relaxed);
             println!(
-                "| {batch} spans, {format} | {len} | {:.2} | {:.2} |",
+                "| {batch} spans, {format:?} | {len} | {:.2} | {:.2} |",
                 peak as f64 / len as f64,
                 rows_bytes as f64 / len as f64
             );

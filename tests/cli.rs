@@ -282,14 +282,52 @@ fn analyze_json_has_the_api_shape_and_reads_json_lines() {
 }
 
 #[test]
+fn analyze_reads_a_body_as_the_server_does() {
+    // A byte-order mark, an enum by its name (protobuf's JSON mapping) and a broken span
+    // beside the good ones: the receivers keep the good spans and say why one was left
+    // out; so does `analyze`, through the same decoder.
+    let mut request: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let spans = request["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array_mut()
+        .unwrap();
+    spans[0]["kind"] = serde_json::json!("SPAN_KIND_SERVER");
+    let mut broken = spans[0].clone();
+    broken["spanId"] = serde_json::json!("10000000000000ff");
+    broken["endTimeUnixNano"] = serde_json::json!(-5);
+    spans.push(broken);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spans.json");
+    std::fs::write(&path, format!("\u{FEFF}{request}")).unwrap();
+    let (ok, stdout, stderr) = run(&["analyze", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("! inflated: forwarded 5000 ms with 780 ms left"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("rejected 1 of"), "{stderr}");
+    assert!(
+        stderr.contains("1 trace, 3 spans, 1 invalid spans skipped"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn analyze_explains_unreadable_input() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.json");
-    std::fs::write(&path, "{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"kind\": \"SPAN_KIND_SERVER\"}]}]}]}\n").unwrap();
+    std::fs::write(&path, "{\"resourceSpans\": [{\"scopeSpans\": 7}]}\n").unwrap();
     let (ok, _, stderr) = run(&["analyze", path.to_str().unwrap()]);
     assert!(!ok);
     assert!(stderr.contains("is not OTLP/JSON trace data"), "{stderr}");
     assert!(stderr.contains("line 1"), "{stderr}");
+    // Read span by span as the server reads it (enum names are the mapping's), but no span
+    // is valid: nothing to analyse, and why.
+    std::fs::write(&path, "{\"resourceSpans\": [{\"scopeSpans\": [{\"spans\": [{\"kind\": \"SPAN_KIND_SERVER\"}]}]}]}\n").unwrap();
+    let (ok, _, stderr) = run(&["analyze", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("no valid spans"), "{stderr}");
+    assert!(stderr.contains("trace id"), "{stderr}");
     let (ok, _, stderr) = run(&["analyze", "/nonexistent/file.json"]);
     assert!(
         !ok && stderr.contains("could not read /nonexistent/file.json"),

@@ -20,16 +20,13 @@ use crate::{
 };
 
 /// Times the request side of ingest on one thread: what the receivers do with a request
-/// body before handing rows to the writer (the HTTP receiver's `decode`: for protobuf
-/// `otlp::protobuf::decode_request`, as gRPC too, for JSON `otlp::json::decode`; then
-/// `pipeline::receiver::prepare`, and freeing it all, as the server does), against the least any
-/// receiver does: decoding the body with the generated OTLP types (prost, or their serde
-/// implementation for JSON).
+/// body before handing rows to the writer (`otlp::decode::decode_traces`, as both endpoints
+/// call it, then `pipeline::receiver::prepare`, and freeing it all, as the server does),
+/// against the least any receiver does: decoding the body with the generated OTLP types
+/// (prost, or their serde implementation for JSON).
 pub fn receive_bench(bench: &ReceiveBench) {
-    use budgetscope::otlp::json as otlp_json;
-    use budgetscope::pipeline::receiver::LOSSY_UTF8_WARNING;
+    use budgetscope::otlp::decode::{Format, decode_traces};
     use budgetscope::pipeline::receiver::prepare;
-    use budgetscope::server::otlp_http::{Format, decode};
     let format = if bench.json {
         Format::Json
     } else {
@@ -66,16 +63,8 @@ pub fn receive_bench(bench: &ReceiveBench) {
         std::str::from_utf8(body).expect("JSON bodies are UTF-8")
     }
     let ours = |body: &Bytes| {
-        let (request, repaired, rejected) =
-            decode(body.clone(), format).expect("generated requests decode");
-        std::hint::black_box(prepare(
-            request,
-            &options,
-            now,
-            repaired.then_some(LOSSY_UTF8_WARNING),
-            rejected,
-            None,
-        ));
+        let decoded = decode_traces(body.clone(), format).expect("generated requests decode");
+        std::hint::black_box(prepare(decoded, &options, now, None));
     };
     let baseline = |body: &Bytes| {
         let request = if bench.json {
@@ -86,9 +75,11 @@ pub fn receive_bench(bench: &ReceiveBench) {
         };
         std::hint::black_box(request);
     };
-    // For JSON, our decoder alone (`otlp::json::decode`), against the same baseline.
+    // For JSON, our decoder alone (`otlp::decode::decode_traces`), against the same baseline.
     let decode_alone = |body: &Bytes| {
-        std::hint::black_box(otlp_json::decode(text(body)).expect("generated requests decode"));
+        std::hint::black_box(
+            decode_traces(body.clone(), format).expect("generated requests decode"),
+        );
     };
     let (mut ours_ns, mut baseline_ns, mut decode_ns) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..bench.rounds.max(1) {
@@ -121,7 +112,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
     if bench.json {
         let (decode_median, decode_min, decode_max) = median_and_range(decode_ns);
         println!(
-            "| budgetscope's OTLP/JSON decoder (`otlp::json::decode`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
+            "| budgetscope's OTLP/JSON decoder (`otlp::decode::decode_traces`) + free | {decode_median:.0} ({decode_min:.0}–{decode_max:.0}) |"
         );
         println!(
             "| budgetscope's decoder ÷ baseline | {:.2} |",

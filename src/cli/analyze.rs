@@ -2,8 +2,8 @@
 //! send it (one `ExportTraceServiceRequest`) or as the OpenTelemetry Collector's file
 //! exporter writes it (one request per line).
 //!
-//! Architecture invariant: the same path as ingest (normalize, then analyze), minus the
-//! store, so a trace reads the same here as in the API.
+//! Architecture invariant: the same path as ingest (`otlp::decode`, normalize, then
+//! analyze), minus the store, so a trace reads the same here as in the API.
 
 use std::collections::HashMap;
 use std::io::Read as _;
@@ -15,8 +15,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use crate::core::analyze::{AnalyzeOptions, analyze, text};
 use crate::core::budget::DEFAULT_BUDGET_KEYS;
 use crate::core::model::{Span, SpanId, TraceId};
-use crate::otlp::json;
-use crate::otlp::normalize::{NormalizeOptions, normalize};
+use crate::otlp::decode::{Decoded, Format, decode_traces, normalize_decoded};
+use crate::otlp::normalize::NormalizeOptions;
 
 #[derive(Debug, Clone, Args)]
 pub struct AnalyzeArgs {
@@ -45,7 +45,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         );
     }
     let input = read_input(&args.input)?;
-    let requests = parse_requests(&input)
+    let requests = parse_requests(input)
         .with_context(|| format!("{} is not OTLP/JSON trace data", args.input))?;
     let options = NormalizeOptions {
         budget_keys: args.budget_keys.clone(),
@@ -56,7 +56,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
     let mut seen: std::collections::HashSet<(TraceId, SpanId)> = Default::default();
     let (mut rejected, mut duplicates) = (0u64, 0u64);
     for request in requests {
-        let normalized = normalize(request, &options, now);
+        let normalized = normalize_decoded(request, &options, now);
         if normalized.rejected > 0 {
             rejected += normalized.rejected;
             eprintln!("warning: {}", normalized.error_message());
@@ -75,6 +75,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         }
     }
     let span_count: usize = traces.iter().map(|(_, spans)| spans.len()).sum();
+    if span_count == 0 {
+        bail!(
+            "no valid spans in {} ({rejected} invalid; the warnings above say why)",
+            args.input
+        );
+    }
     eprintln!(
         "{} trace{}, {span_count} span{}{}{}",
         traces.len(),
@@ -121,7 +127,7 @@ fn writeln_out(out: &mut impl std::io::Write, text: &str) -> anyhow::Result<()> 
     }
 }
 
-fn read_input(input: &str) -> anyhow::Result<String> {
+fn read_input(input: &str) -> anyhow::Result<bytes::Bytes> {
     let mut bytes = Vec::new();
     if input == "-" {
         std::io::stdin()
@@ -130,21 +136,23 @@ fn read_input(input: &str) -> anyhow::Result<String> {
     } else {
         bytes = std::fs::read(input).with_context(|| format!("could not read {input}"))?;
     }
-    Ok(String::from_utf8(bytes)
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    Ok(bytes.into())
 }
 
 /// One request, or JSON lines of requests.
-fn parse_requests(input: &str) -> anyhow::Result<Vec<ExportTraceServiceRequest>> {
-    if let Ok(request) = json::decode(input) {
+fn parse_requests(input: bytes::Bytes) -> anyhow::Result<Vec<Decoded<ExportTraceServiceRequest>>> {
+    if let Ok(request) = decode_traces(input.clone(), Format::Json) {
         return Ok(vec![request]);
     }
     let mut requests = Vec::new();
-    for (number, line) in input.lines().enumerate() {
-        if line.trim().is_empty() {
+    let mut start = 0;
+    for (number, line) in input.split(|b| *b == b'\n').enumerate() {
+        let range = start..start + line.len();
+        start = range.end + 1;
+        if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        let request = json::decode(line).with_context(|| {
+        let request = decode_traces(input.slice(range), Format::Json).with_context(|| {
             format!(
                 "line {}: expected an ExportTraceServiceRequest ({{\"resourceSpans\": […]}}) with hex ids and integer enums",
                 number + 1

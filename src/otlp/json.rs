@@ -1,23 +1,19 @@
-//! OTLP/JSON request bodies: a fast path in front of opentelemetry-proto's serde types.
+//! OTLP/JSON request bodies, the fast path: `parse` reads the shape exporters send straight
+//! into the generated OTLP types, in one pass over the text, borrowing keys instead of
+//! allocating them. opentelemetry-proto's derived serde implementation (the reference)
+//! pays for serde_json's generic machinery, the buffering of `AnyValue`'s flattened field
+//! and its `intValue`, which tries an integer before reading the string OTLP/JSON sends
+//! (`budgetscope-bench receive` compares the two).
 //!
-//! Decoding OTLP/JSON with opentelemetry-proto's derived serde implementation costs about
-//! 2.2 µs per span, against 0.9 µs for the same spans in protobuf (BENCHMARKS.md, "Request-side
-//! work"): serde_json's generic machinery, the buffering of `AnyValue`'s flattened field and
-//! its `intValue`, which tries an integer before reading the string OTLP/JSON sends. `parse`
-//! reads the shape exporters send straight into the same generated types, in one pass over
-//! the text, borrowing keys instead of allocating them.
-//!
-//! Architecture invariant: **whenever `parse` returns a request, opentelemetry-proto's serde
-//! types decode the same text to an equal request.** `parse` declines (returns `None`) any
-//! body it does not fully understand: nulls other than for an absent message, a field given
-//! twice, an `AnyValue` with other than one known key, base64 bytes, entity refs, numbers
-//! where JSON allows them but the reference might read them otherwise (`-0`, fractions for
-//! integers), structs written as arrays, nesting deeper than `MAX_DEPTH`, anything that is
-//! not JSON. `decode` then runs the reference, so every body gets the reference's result and
-//! the reference's error message. A differential test (below) checks the invariant on
-//! generated, random, hand-written and mutated bodies, and that `json_spans` (the
-//! span-by-span reader for bodies refused whole) reads every body the reference accepts
-//! exactly as the reference does.
+//! Architecture invariant: **whenever `parse` returns a request, the reference decodes the
+//! same text to an equal request.** `parse` declines (returns `None`) any body it does not
+//! fully understand: nulls other than for an absent message, a field given twice, an
+//! `AnyValue` with other than one known key, base64 bytes, entity refs, numbers where JSON
+//! allows them but the reference might read them otherwise (`-0`, fractions for integers),
+//! structs written as arrays, nesting deeper than `MAX_DEPTH`, anything that is not JSON;
+//! `json_spans` then reads the body (`decode.rs`). The differential test (`json_tests.rs`)
+//! checks the invariant on generated, random, hand-written and mutated bodies, and that
+//! `json_spans` reads every body the reference accepts exactly as the reference does.
 
 use std::borrow::Cow;
 use std::str::FromStr;
@@ -29,20 +25,10 @@ use opentelemetry_proto::tonic::common::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status, span};
 
-/// Objects and arrays nested deeper than this are left to the reference (serde_json's own
-/// limit is 128).
+/// Objects and arrays nested deeper than this are declined (serde_json's own limit is 128).
 const MAX_DEPTH: usize = 64;
 
-/// Decodes an OTLP/JSON export request: the fast path when it understands the body,
-/// opentelemetry-proto's serde types otherwise (and for every error).
-pub fn decode(text: &str) -> Result<ExportTraceServiceRequest, serde_json::Error> {
-    match parse(text) {
-        Some(request) => Ok(request),
-        None => serde_json::from_str(text),
-    }
-}
-
-/// The fast path alone: the request, or `None` when the body is left to the reference.
+/// The request, or `None` when the body is declined.
 pub fn parse(text: &str) -> Option<ExportTraceServiceRequest> {
     let mut parser = Parser::new(text);
     let request = parser.request().ok()?;
@@ -50,7 +36,7 @@ pub fn parse(text: &str) -> Option<ExportTraceServiceRequest> {
     (parser.pos == text.len()).then_some(request)
 }
 
-/// The body is left to the reference decoder.
+/// The body is declined (`json_spans` reads it).
 struct Declined;
 
 type Parsed<T> = Result<T, Declined>;

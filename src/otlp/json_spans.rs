@@ -1,5 +1,5 @@
-//! OTLP/JSON bodies the request-level decoder (`json::decode`) refuses, read span by
-//! span, so that one odd field costs its own span and never its neighbours.
+//! OTLP/JSON bodies the fast path (`json::parse`) declines, read span by span, so that one
+//! odd field costs its own span and never its neighbours.
 //!
 //! Each span is decoded alone by opentelemetry-proto's serde types, after the spellings
 //! protobuf's JSON mapping allows and those types do not are rewritten: enum names
@@ -10,8 +10,10 @@
 //! (a negative or fractional timestamp, a string where a number must be) is rejected with
 //! the decoder's reason, for `partial_success`; the others are kept.
 //!
-//! Architecture invariant: only bodies the request-level decoder refused come here, so a
-//! body it accepts is never read differently.
+//! Architecture invariant: a body opentelemetry-proto's serde types accept is read exactly
+//! as they read it, with nothing rejected (the differential test in `json_tests.rs`); the
+//! one exception is a number beyond a double's range under a key they skip, which
+//! `serde_json::Value` cannot hold, so the body is refused whole.
 
 use base64::Engine as _;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -22,16 +24,15 @@ use serde_json::Value;
 /// A span left out, and which: (reason, a description of the span).
 pub type Rejection = (String, String);
 
-/// The request with every span that decodes, and one rejection per span that does not.
-/// `None` when the body's outer structure is not an export request at all (then the
-/// request-level decoder's error is the answer).
-pub fn decode(text: &str) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)> {
+/// The request with every span that decodes, and one rejection per span that does not;
+/// an error saying why when the body's outer structure is not an export request at all.
+pub fn decode(text: &str) -> Result<(ExportTraceServiceRequest, Vec<Rejection>), String> {
     let depth = json_depth(text);
     if depth > MAX_JSON_DEPTH {
-        return None;
+        return Err(format!("nested deeper than {MAX_JSON_DEPTH} levels"));
     }
     if depth <= SHALLOW {
-        return decode_body(serde_json::from_str(text).ok()?);
+        return decode_body(serde_json::from_str(text).map_err(|e| e.to_string())?);
     }
     // Deeper than serde_json's own limit: read without it, on a thread whose stack holds
     // `MAX_JSON_DEPTH` levels of the recursive parser, and cut the deep values there.
@@ -41,12 +42,15 @@ pub fn decode(text: &str) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)>
             .spawn_scoped(scope, || {
                 let mut reader = serde_json::Deserializer::from_str(text);
                 reader.disable_recursion_limit();
-                let body = serde::Deserialize::deserialize(&mut reader).ok()?;
+                let body = serde::Deserialize::deserialize(&mut reader).map_err(|e| {
+                    let error: serde_json::Error = e;
+                    error.to_string()
+                })?;
                 decode_body(body)
             })
-            .ok()?
+            .map_err(|e| format!("could not start the deep reader: {e}"))?
             .join()
-            .ok()?
+            .map_err(|_| "the deep reader failed".to_string())?
     })
 }
 
@@ -85,26 +89,26 @@ fn json_depth(text: &str) -> usize {
     deepest
 }
 
-fn decode_body(body: Value) -> Option<(ExportTraceServiceRequest, Vec<Rejection>)> {
+fn decode_body(body: Value) -> Result<(ExportTraceServiceRequest, Vec<Rejection>), String> {
     let mut rejected = Vec::new();
     let Value::Object(mut top) = body else {
         // Not an object: whatever the reference makes of it (a struct as an array).
-        return Some((serde_json::from_value(body).ok()?, rejected));
+        return Ok((from_value(body, "the request")?, rejected));
     };
     let items = take_array(&mut top, "resourceSpans")?;
-    let mut request: ExportTraceServiceRequest = serde_json::from_value(Value::Object(top)).ok()?;
+    let mut request: ExportTraceServiceRequest = from_value(Value::Object(top), "the request")?;
     for item in items {
         let Value::Object(mut item) = item else {
             request
                 .resource_spans
-                .push(serde_json::from_value(item).ok()?);
+                .push(from_value(item, "resourceSpans")?);
             continue;
         };
         let scopes = take_array(&mut item, "scopeSpans")?;
         let mut out: ResourceSpans = decode_part(item, "resource")?;
         for scope in scopes {
             let Value::Object(mut scope) = scope else {
-                out.scope_spans.push(serde_json::from_value(scope).ok()?);
+                out.scope_spans.push(from_value(scope, "scopeSpans")?);
                 continue;
             };
             let spans = take_array(&mut scope, "spans")?;
@@ -119,16 +123,24 @@ fn decode_body(body: Value) -> Option<(ExportTraceServiceRequest, Vec<Rejection>
         }
         request.resource_spans.push(out);
     }
-    Some((request, rejected))
+    Ok((request, rejected))
+}
+
+/// `what`, decoded by the reference; its error names `what`.
+fn from_value<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, String> {
+    serde_json::from_value(value).map_err(|e| format!("{what}: {e}"))
 }
 
 /// Takes an array member out of an object; absent or null is empty; anything else is no
 /// request.
-fn take_array(object: &mut serde_json::Map<String, Value>, key: &str) -> Option<Vec<Value>> {
+fn take_array(
+    object: &mut serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<Vec<Value>, String> {
     match object.remove(key) {
-        None | Some(Value::Null) => Some(Vec::new()),
-        Some(Value::Array(items)) => Some(items),
-        Some(_) => None,
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(format!("{key} is not an array")),
     }
 }
 
@@ -137,18 +149,18 @@ fn take_array(object: &mut serde_json::Map<String, Value>, key: &str) -> Option<
 fn decode_part<T: serde::de::DeserializeOwned + HasPart>(
     object: serde_json::Map<String, Value>,
     part: &str,
-) -> Option<T> {
+) -> Result<T, String> {
     let mut value = Value::Object(object);
     let mut non_finite = Vec::new();
     rewrite_attributes(
         value.get_mut(part).and_then(|p| p.get_mut("attributes")),
         &mut non_finite,
     );
-    let mut out: T = serde_json::from_value(value).ok()?;
+    let mut out: T = from_value(value, part)?;
     if let Some(attributes) = out.attributes_mut() {
         restore_non_finite(attributes, &non_finite);
     }
-    Some(out)
+    Ok(out)
 }
 
 trait HasPart {
@@ -383,8 +395,9 @@ mod tests {
         let broken = r#"{"traceId":"0102030405060708090a0b0c0d0e0f10","spanId":"0102030405060709","name":"broken","startTimeUnixNano":-5,"endTimeUnixNano":"2"}"#;
         let text = body(&format!("{GOOD},{lenient},{broken}"));
         assert!(
-            crate::otlp::json::decode(&text).is_err(),
-            "the request-level decoder refuses the body"
+            crate::otlp::json::parse(&text).is_none()
+                && serde_json::from_str::<ExportTraceServiceRequest>(&text).is_err(),
+            "the fast path and the reference refuse the body"
         );
         let (request, rejected) = decode(&text).unwrap();
         let spans = &request.resource_spans[0].scope_spans[0].spans;
@@ -420,9 +433,9 @@ mod tests {
 
     #[test]
     fn a_body_that_is_no_export_request_is_left_to_the_request_level_error() {
-        assert!(decode("not json").is_none());
-        assert!(decode(r#"{"resourceSpans":"x"}"#).is_none());
-        assert!(decode(r#"{"resourceSpans":[{"scopeSpans":[{"spans":7}]}]}"#).is_none());
+        assert!(decode("not json").is_err());
+        assert!(decode(r#"{"resourceSpans":"x"}"#).is_err());
+        assert!(decode(r#"{"resourceSpans":[{"scopeSpans":[{"spans":7}]}]}"#).is_err());
         let (request, rejected) = decode("{}").unwrap();
         assert!(request.resource_spans.is_empty() && rejected.is_empty());
     }
@@ -449,7 +462,7 @@ mod tests {
         );
         assert_eq!(out.spans.len(), 2);
         assert!(out.spans[1].warnings[0].contains("nested deeper than 16 levels"));
-        assert!(decode(&"[".repeat(MAX_JSON_DEPTH + 1)).is_none());
+        assert!(decode(&"[".repeat(MAX_JSON_DEPTH + 1)).is_err());
         assert_eq!(
             json_depth(r#"{"a":"[[[\"{"}"#),
             1,

@@ -4,10 +4,10 @@
 //! every valid span sent beside one badly encoded name. These mirror messages have the
 //! same field numbers with `bytes` where OTLP has `string`; `into_request` turns them into
 //! the generated OTLP types, replacing invalid sequences with U+FFFD and reporting that it
-//! did. For valid text the conversion moves the bytes without copying. Receivers call
-//! `decode_request`, which tries the generated types first and these only for a body the
-//! generated types refuse. `lenient_metrics` does the same for metrics requests, with the
-//! resource, scope, attribute and text types here.
+//! did. For valid text the conversion moves the bytes without copying. `decode.rs` tries
+//! the generated types first and these only for a body they refuse. `protobuf_metrics.rs`
+//! does the same for metrics requests, with the resource, scope, attribute and text types
+//! here.
 //!
 //! Field numbers follow opentelemetry-proto's trace.proto, common.proto and resource.proto
 //! (v1). Fields budgetscope does not keep (dropped counts, flags, schema URLs, trace state,
@@ -305,18 +305,15 @@ impl Text {
     }
 }
 
-/// Decodes an OTLP export request body, and tells whether text had to be repaired. The
-/// generated OTLP types decode a valid body faster: one copy per string and no conversion
-/// (`bench receive`: see BENCHMARKS.md). Only a body they refuse (text that is not UTF-8, or
-/// not OTLP at all) is decoded again with the mirror types here, whose error is reported.
-pub fn decode_request(
+/// Decodes a body the generated OTLP types refused with the mirror types, and tells
+/// whether text had to be repaired. The generated types decode a valid body faster (one
+/// copy per string and no conversion: `budgetscope-bench receive`), so `decode::decode_traces`
+/// tries them first.
+pub fn decode_mirror(
     body: bytes::Bytes,
-) -> Result<(collector::ExportTraceServiceRequest, bool), prost::DecodeError> {
+) -> Result<(collector::ExportTraceServiceRequest, bool), DecodeError> {
     use prost::Message as _;
-    match collector::ExportTraceServiceRequest::decode(body.clone()) {
-        Ok(request) => Ok((request, false)),
-        Err(_) => ExportRequest::decode(body)?.into_request(),
-    }
+    ExportRequest::decode(body)?.into_request()
 }
 
 impl ExportRequest {
@@ -407,6 +404,15 @@ mod tests {
             .unwrap();
         assert!(!repaired);
         assert_eq!(decoded, original);
+    }
+
+    /// The protobuf path of `decode::decode_traces`, as (request, repaired).
+    fn decode_request(
+        body: bytes::Bytes,
+    ) -> Result<(collector::ExportTraceServiceRequest, bool), crate::otlp::decode::DecodeError>
+    {
+        crate::otlp::decode::decode_traces(body, crate::otlp::decode::Format::Protobuf)
+            .map(|d| (d.request, d.repaired))
     }
 
     #[test]

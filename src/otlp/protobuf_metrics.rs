@@ -1,10 +1,10 @@
-//! `lenient` for OTLP metrics requests: a protobuf decoder that survives text that is not
+//! `protobuf.rs` for OTLP metrics requests: a protobuf decoder that survives text that is not
 //! UTF-8, so one badly encoded attribute or name does not lose the data points sent beside
 //! it. The mirror messages hold what `deadline_metrics::extract` reads (names, units, the
 //! kind of data, temporality, and each point's attributes, times, flags, count, sum or
 //! value; of gauges and summaries only how many points they have), so a repaired request
-//! is read as the same request would be with its text valid. Receivers call
-//! `decode_metrics_request`, which tries the generated types first.
+//! is read as the same request would be with its text valid. `decode::decode_metrics` tries
+//! the generated types first.
 //!
 //! Field numbers follow opentelemetry-proto's metrics.proto (v1); prost skips the others.
 
@@ -165,17 +165,13 @@ impl From<ExponentialHistogram> for Histogram {
     }
 }
 
-/// Decodes an OTLP metrics export request body, and tells whether text had to be repaired:
-/// the generated types first, the mirror types here only for a body they refuse (whose
-/// error is reported).
-pub fn decode_metrics_request(
+/// Decodes a body the generated OTLP types refused with the mirror types, and tells
+/// whether text had to be repaired.
+pub fn decode_mirror(
     body: bytes::Bytes,
 ) -> Result<(collector::ExportMetricsServiceRequest, bool), DecodeError> {
     use prost::Message as _;
-    match collector::ExportMetricsServiceRequest::decode(body.clone()) {
-        Ok(request) => Ok((request, false)),
-        Err(_) => ExportRequest::decode(body)?.into_request(),
-    }
+    ExportRequest::decode(body)?.into_request()
 }
 
 impl ExportRequest {
@@ -398,6 +394,15 @@ mod tests {
         use crate::otlp::deadline_metrics::{Cumulative, MetricNames, extract};
         let out = extract(request, &MetricNames::default(), &Cumulative::new(0), 10);
         format!("{:?} {} {}", out.rows, out.rejected, out.message)
+    }
+
+    /// The protobuf path of `decode::decode_metrics`, as (request, repaired).
+    fn decode_metrics_request(
+        body: bytes::Bytes,
+    ) -> Result<(collector::ExportMetricsServiceRequest, bool), crate::otlp::decode::DecodeError>
+    {
+        crate::otlp::decode::decode_metrics(body, crate::otlp::decode::Format::Protobuf)
+            .map(|d| (d.request, d.repaired))
     }
 
     #[test]

@@ -26,8 +26,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 
 use crate::core::model::TraceId;
 use crate::otlp::deadline_metrics::{Cumulative, MetricNames, extract};
-pub use crate::otlp::json_spans::Rejection;
-use crate::otlp::normalize::{NormalizeOptions, normalize, span_count};
+use crate::otlp::decode::{Decoded, REPAIRED_TEXT_WARNING, normalize_decoded};
+use crate::otlp::normalize::{NormalizeOptions, span_count};
 use crate::pipeline::held::{HeldSpan, HeldTraces};
 use crate::pipeline::ingest::{Admission, IngestError, Ingestor};
 use crate::pipeline::memory::{MemoryBudget, REQUEST_BYTES_PER_BODY_BYTE, Reservation};
@@ -40,11 +40,6 @@ use crate::store::{EncodedBatch, Store};
 /// more than the work: gRPC 100 spans × 8 senders, 5 pairs, 68.4k → 73.0k spans/s
 /// (BENCHMARKS.md).
 const INLINE_SPANS: usize = 128;
-
-/// The warning for a request whose text was not valid UTF-8: on its spans, or in the
-/// answer to a metrics request.
-pub const LOSSY_UTF8_WARNING: &str =
-    "the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD";
 
 /// How long exporters are asked to wait before retrying a refused request.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -136,13 +131,14 @@ impl Receiver {
 
     /// Stores the deadline metrics of a metrics request (committed before it returns) and
     /// ignores its other metrics. A store that cannot take them is a retryable refusal.
-    /// Stores the deadline metrics of one export request. `repaired`: text in it was not
-    /// UTF-8 and was replaced, which the answer says.
+    /// Text that the decoder repaired is mentioned in the answer.
     pub async fn export_metrics(
         &self,
-        request: ExportMetricsServiceRequest,
-        repaired: bool,
+        decoded: Decoded<ExportMetricsServiceRequest>,
     ) -> Result<MetricsAccepted, IngestError> {
+        let Decoded {
+            request, repaired, ..
+        } = decoded;
         let mut cumulative = self.cumulative.lock().await;
         let now = crate::clock::now_unix_nano();
         let extracted = extract(&request, &self.metric_names, &cumulative, now);
@@ -168,7 +164,7 @@ impl Receiver {
             if !error_message.is_empty() {
                 error_message.push_str("; ");
             }
-            error_message.push_str(LOSSY_UTF8_WARNING);
+            error_message.push_str(REPAIRED_TEXT_WARNING);
         }
         Ok(MetricsAccepted {
             rejected: extracted.rejected,
@@ -185,21 +181,19 @@ impl Receiver {
         }
     }
 
-    /// Normalises, validates and commits one export request. `warning`, when given, is a
-    /// data-quality warning the transport found for the whole request (it goes on every span).
+    /// Normalises, validates and commits one decoded export request.
     ///
     /// Admission is checked before any work; normalising and encoding run on the blocking
     /// pool for requests of more than `INLINE_SPANS` spans, so the async workers stay free.
     pub async fn export(
         self: &Arc<Self>,
-        request: ExportTraceServiceRequest,
-        warning: Option<&'static str>,
+        decoded: Decoded<ExportTraceServiceRequest>,
     ) -> Result<Accepted, IngestError> {
-        let prepared = if span_count(&request) <= INLINE_SPANS {
-            self.prepare(request, warning, Vec::new())
+        let prepared = if span_count(&decoded.request) <= INLINE_SPANS {
+            self.prepare(decoded)
         } else {
             let receiver = self.clone();
-            tokio::task::spawn_blocking(move || receiver.prepare(request, warning, Vec::new()))
+            tokio::task::spawn_blocking(move || receiver.prepare(decoded))
                 .await
                 .map_err(|_| IngestError::Unavailable)?
         };
@@ -208,20 +202,15 @@ impl Receiver {
 
     /// The part of `export` before the writer, on the calling thread: admission, then the
     /// request's CPU work (`prepare`). For a receiver that decodes on the blocking pool,
-    /// so that decoding and this work run in one task on one thread. `rejected` are spans
-    /// the decoder already left out, for `partial_success`.
+    /// so that decoding and this work run in one task on one thread. Spans the decoder
+    /// already left out are counted in `partial_success`.
     pub fn prepare(
         &self,
-        request: ExportTraceServiceRequest,
-        warning: Option<&'static str>,
-        rejected: Vec<Rejection>,
+        decoded: Decoded<ExportTraceServiceRequest>,
     ) -> Result<Prepared, IngestError> {
-        let span_count = span_count(&request);
+        let span_count = span_count(&decoded.request);
         if span_count == 0 {
-            let mut normalized = crate::otlp::normalize::Normalized::default();
-            for (reason, which) in rejected {
-                normalized.reject(reason, which);
-            }
+            let normalized = normalize_decoded(decoded, &self.options, 0);
             return Ok(Prepared(None, accepted(&normalized)));
         }
         let admission = self.ingestor.admit(span_count).inspect_err(|_| {
@@ -229,11 +218,9 @@ impl Receiver {
         })?;
         self.metrics.spans_received.inc_by(span_count as u64);
         let (batch, held, accepted) = prepare(
-            request,
+            decoded,
             &self.options,
             crate::clock::now_unix_nano(),
-            warning,
-            rejected,
             Some(&self.held),
         );
         Ok(Prepared(Some((admission, batch, held)), accepted))
@@ -318,25 +305,14 @@ pub struct Prepared(
 );
 
 /// A request's CPU work before the writer: normalises and validates its spans and encodes
-/// the valid ones into rows, and projects them for `recent` when given. `warning` goes on
-/// every span (see `Receiver::export`).
+/// the valid ones into rows, and projects them for the analyzer's held spans when given.
 pub fn prepare(
-    request: ExportTraceServiceRequest,
+    decoded: Decoded<ExportTraceServiceRequest>,
     options: &NormalizeOptions,
     now_unix_nano: u64,
-    warning: Option<&'static str>,
-    rejected: Vec<Rejection>,
     held_traces: Option<&HeldTraces>,
 ) -> (EncodedBatch, Vec<(TraceId, HeldSpan)>, Accepted) {
-    let mut normalized = normalize(request, options, now_unix_nano);
-    for (reason, which) in rejected {
-        normalized.reject(reason, which);
-    }
-    if let Some(warning) = warning {
-        for span in &mut normalized.spans {
-            span.warnings.push(warning.to_string());
-        }
-    }
+    let normalized = normalize_decoded(decoded, options, now_unix_nano);
     let accepted = accepted(&normalized);
     let held = held_traces.map_or_else(Vec::new, |traces| traces.project(&normalized.spans));
     (EncodedBatch::from_spans(normalized.spans), held, accepted)

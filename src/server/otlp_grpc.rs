@@ -1,9 +1,9 @@
 //! OTLP/gRPC: `opentelemetry.proto.collector.trace.v1.TraceService/Export` and
 //! `opentelemetry.proto.collector.metrics.v1.MetricsService/Export`.
 //!
-//! Hand-written rather than the generated servers so that trace requests decode with
-//! `otlp::protobuf::decode_request` (a span name that is not UTF-8 is repaired and flagged instead
-//! of failing the whole request) and both services share one set of limits. It answers
+//! Hand-written rather than the generated servers so that requests decode with
+//! `otlp::decode` (a span name that is not UTF-8 is repaired and flagged instead of failing
+//! the whole request) and both services share one set of limits. It answers
 //! exactly as the generated servers would otherwise (same paths, codec, compression and
 //! size handling; UNIMPLEMENTED elsewhere).
 //!
@@ -31,12 +31,9 @@ use tonic::codegen::{BoxFuture, EnabledCompressionEncodings, StdError, http};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::otlp::protobuf::decode_request;
-use crate::otlp::protobuf_metrics::decode_metrics_request;
+use crate::otlp::decode::{Decoded, Format, decode_metrics, decode_traces};
 use crate::pipeline::ingest::IngestError;
-use crate::pipeline::receiver::{
-    BodyMemory, LOSSY_UTF8_WARNING, RETRY_AFTER, Receiver, refusal_message,
-};
+use crate::pipeline::receiver::{BodyMemory, RETRY_AFTER, Receiver, refusal_message};
 use crate::web::access::Tokens;
 
 const TRACES_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
@@ -81,26 +78,21 @@ struct Traces;
 struct Metrics;
 
 impl Signal for Traces {
-    /// An export request as `otlp::protobuf::decode_request` returns it.
-    type Request = (ExportTraceServiceRequest, bool);
+    type Request = Decoded<ExportTraceServiceRequest>;
     type Response = ExportTraceServiceResponse;
 
     fn decode(body: bytes::Bytes) -> Result<Self::Request, Status> {
         // Permanent: the same bytes never decode.
-        decode_request(body).map_err(|error| {
-            Status::invalid_argument(format!(
-                "the request is not a valid ExportTraceServiceRequest: {error}"
-            ))
-        })
+        decode_traces(body, Format::Protobuf).map_err(|e| Status::invalid_argument(e.to_string()))
     }
 
     fn export(
         receiver: Arc<Receiver>,
-        (request, repaired): Self::Request,
+        request: Self::Request,
     ) -> BoxFuture<Self::Response, IngestError> {
         Box::pin(async move {
             receiver
-                .export(request, repaired.then_some(LOSSY_UTF8_WARNING))
+                .export(request)
                 .await
                 .map(crate::pipeline::receiver::Accepted::into_response)
         })
@@ -108,25 +100,20 @@ impl Signal for Traces {
 }
 
 impl Signal for Metrics {
-    /// An export request as `otlp::protobuf_metrics::decode_metrics_request` returns it.
-    type Request = (ExportMetricsServiceRequest, bool);
+    type Request = Decoded<ExportMetricsServiceRequest>;
     type Response = ExportMetricsServiceResponse;
 
     fn decode(body: bytes::Bytes) -> Result<Self::Request, Status> {
-        decode_metrics_request(body).map_err(|error| {
-            Status::invalid_argument(format!(
-                "the request is not a valid ExportMetricsServiceRequest: {error}"
-            ))
-        })
+        decode_metrics(body, Format::Protobuf).map_err(|e| Status::invalid_argument(e.to_string()))
     }
 
     fn export(
         receiver: Arc<Receiver>,
-        (request, repaired): Self::Request,
+        request: Self::Request,
     ) -> BoxFuture<Self::Response, IngestError> {
         Box::pin(async move {
             receiver
-                .export_metrics(request, repaired)
+                .export_metrics(request)
                 .await
                 .map(crate::pipeline::receiver::MetricsAccepted::into_response)
         })

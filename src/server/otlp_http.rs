@@ -18,17 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use bytes::BytesMut;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message as _;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::otlp::protobuf::decode_request;
-use crate::otlp::protobuf_metrics::decode_metrics_request;
+use crate::otlp::decode::{DecodeError, Format, decode_metrics, decode_traces};
 use crate::pipeline::ingest::IngestError;
 use crate::pipeline::receiver::{
-    Accepted, BodyMemory, LOSSY_UTF8_WARNING, MetricsAccepted, RETRY_AFTER, Receiver, Rejection,
-    refusal_message,
+    Accepted, BodyMemory, MetricsAccepted, RETRY_AFTER, Receiver, refusal_message,
 };
 use crate::web::access::Tokens;
 
@@ -38,18 +34,10 @@ const RESOURCE_EXHAUSTED: i32 = 8;
 const UNAVAILABLE: i32 = 14;
 const UNAUTHENTICATED: i32 = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Protobuf,
-    Json,
-}
-
-impl Format {
-    fn content_type(self) -> &'static str {
-        match self {
-            Format::Protobuf => "application/x-protobuf",
-            Format::Json => "application/json",
-        }
+fn content_type(format: Format) -> &'static str {
+    match format {
+        Format::Protobuf => "application/x-protobuf",
+        Format::Json => "application/json",
     }
 }
 
@@ -111,7 +99,7 @@ impl IntoResponse for OtlpHttpError {
         };
         let mut response = (
             self.status,
-            [(header::CONTENT_TYPE, self.format.content_type())],
+            [(header::CONTENT_TYPE, content_type(self.format))],
             body,
         )
             .into_response();
@@ -211,11 +199,8 @@ async fn export_inner(
     let receiver = state.receiver.clone();
     let (prepared, memory) = tokio::task::spawn_blocking(move || {
         let (body, memory) = received.inflate()?;
-        let (request, lossy, rejected) = decode(body, format)?;
-        Ok((
-            receiver.prepare(request, lossy.then_some(LOSSY_UTF8_WARNING), rejected),
-            memory,
-        ))
+        let decoded = decode_traces(body, format).map_err(undecodable)?;
+        Ok((receiver.prepare(decoded), memory))
     })
     .await
     .map_err(|_| interrupted(format))??;
@@ -235,15 +220,15 @@ async fn export_metrics_inner(
 ) -> Result<(Format, MetricsAccepted), OtlpHttpError> {
     let received = receive(state, headers, body).await?;
     let format = received.format;
-    let ((request, repaired), memory) = tokio::task::spawn_blocking(move || {
+    let (decoded, memory) = tokio::task::spawn_blocking(move || {
         let (body, memory) = received.inflate()?;
-        Ok((decode_metrics(body, format)?, memory))
+        Ok((decode_metrics(body, format).map_err(undecodable)?, memory))
     })
     .await
     .map_err(|_| interrupted(format))??;
     let accepted = state
         .receiver
-        .export_metrics(request, repaired)
+        .export_metrics(decoded)
         .await
         .map_err(|e| refused(format, e))?;
     drop(memory);
@@ -468,85 +453,20 @@ fn content_encoding_is_gzip(headers: &HeaderMap, format: Format) -> Result<bool,
     }
 }
 
-/// Decodes the body; `true` when text had to be repaired into valid UTF-8.
-/// A decoded request: the request, whether its text had to be repaired (invalid UTF-8),
-/// and the spans left out one by one.
-pub(crate) type Decoded = (ExportTraceServiceRequest, bool, Vec<Rejection>);
-
-pub fn decode(body: Bytes, format: Format) -> Result<Decoded, OtlpHttpError> {
-    let bad = |message: String| {
-        OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
-    };
-    match format {
-        Format::Protobuf => decode_request(body)
-            .map(|(request, lossy)| (request, lossy, Vec::new()))
-            .map_err(|e| {
-                bad(format!(
-                    "request body is not a valid OTLP ExportTraceServiceRequest protobuf ({e}); \
-                     check that Content-Type and Content-Encoding match what the exporter sends"
-                ))
-            }),
-        Format::Json => {
-            let (text, lossy) = json_text(&body);
-            let text = without_bom(&text);
-            match crate::otlp::json::decode(text) {
-                Ok(request) => Ok((request, lossy, Vec::new())),
-                // The request as a whole did not decode: span by span, the valid spans
-                // are kept and each broken one is reported.
-                Err(e) => crate::otlp::json_spans::decode(text)
-                    .map(|(request, rejected)| (request, lossy, rejected))
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "request body is not valid OTLP/JSON ({e}); OTLP/JSON uses lowerCamelCase \
-                             keys, hex trace and span ids, and integer enum values"
-                        ))
-                    }),
-            }
+/// A body that does not decode: 400, with what to check (permanent, never retried).
+fn undecodable(error: DecodeError) -> OtlpHttpError {
+    let hint = match error.format {
+        Format::Protobuf => {
+            "; check that Content-Type and Content-Encoding match what the exporter sends"
         }
-    }
-}
-
-/// A JSON body as text, and whether bytes that were not UTF-8 were replaced (U+FFFD).
-fn json_text(body: &[u8]) -> (std::borrow::Cow<'_, str>, bool) {
-    match std::str::from_utf8(body) {
-        Ok(text) => (std::borrow::Cow::Borrowed(text), false),
-        Err(_) => (String::from_utf8_lossy(body), true),
-    }
-}
-
-/// A byte-order mark is no JSON, but some writers put one first.
-fn without_bom(text: &str) -> &str {
-    text.strip_prefix('\u{FEFF}').unwrap_or(text)
-}
-
-/// Decodes a metrics request, and tells whether text that was not UTF-8 was repaired
-/// (`lenient_metrics`; OTLP/JSON through a lossy conversion of the whole body).
-pub fn decode_metrics(
-    body: Bytes,
-    format: Format,
-) -> Result<(ExportMetricsServiceRequest, bool), OtlpHttpError> {
-    let bad = |message: String| {
-        OtlpHttpError::new(StatusCode::BAD_REQUEST, INVALID_ARGUMENT, format, message)
+        Format::Json => "",
     };
-    match format {
-        Format::Protobuf => decode_metrics_request(body).map_err(|e| {
-            bad(format!(
-                "request body is not a valid OTLP ExportMetricsServiceRequest protobuf ({e}); \
-                 check that Content-Type and Content-Encoding match what the exporter sends"
-            ))
-        }),
-        Format::Json => {
-            let (text, repaired) = json_text(&body);
-            serde_json::from_str(without_bom(&text))
-                .map(|request| (request, repaired))
-                .map_err(|e| {
-                    bad(format!(
-                        "request body is not valid OTLP/JSON for metrics ({e}); OTLP/JSON uses \
-                         lowerCamelCase keys and integer enum values"
-                    ))
-                })
-        }
-    }
+    OtlpHttpError::new(
+        StatusCode::BAD_REQUEST,
+        INVALID_ARGUMENT,
+        error.format,
+        format!("{error}{hint}"),
+    )
 }
 
 fn success(format: Format, accepted: Accepted) -> Response {
@@ -585,7 +505,7 @@ fn reply(
     };
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, format.content_type())],
+        [(header::CONTENT_TYPE, content_type(format))],
         body,
     )
         .into_response()
