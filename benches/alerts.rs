@@ -170,6 +170,7 @@ async fn end_to_end(rules: &RuleSet, now: u64) {
                 operations: (0..OPERATIONS)
                     .map(|o| (service(s), operation(o)))
                     .collect(),
+                version: budgetscope::core::analyze::AnalyzeOptions::default().version(),
             };
             store
                 .write_summaries(&[(summary, samples)], &[])

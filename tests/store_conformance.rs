@@ -535,6 +535,7 @@ fn summary_of(
             .iter()
             .map(|s| (s.to_string(), "GET /".into()))
             .collect(),
+        version: budgetscope::core::analyze::AnalyzeOptions::default().version(),
     }
 }
 
@@ -628,6 +629,100 @@ async fn a_trace_written_twice_from_the_same_marks_counts_once() {
             .await
             .unwrap();
         assert_eq!(rollup_requests(store.as_ref()).await, hops, "{backend}");
+    })
+    .await;
+}
+
+/// Summaries carry the version of the analysis that wrote them: those of another version are
+/// listed newest first, in pages, and counted; a re-analysed summary replaces only one
+/// still stale (not one analysed since, nor one retention deleted), with its hop counts.
+#[tokio::test]
+async fn stale_summaries_are_listed_newest_first_and_rewritten_only_while_stale() {
+    use budgetscope::core::analyze::{AnalysisVersion, AnalyzeOptions};
+    use budgetscope::store::query::{StaleQuery, TraceQuery};
+    on_every_store(|store, backend| async move {
+        let old = AnalysisVersion {
+            rules: 0,
+            tolerance_ms: 50.0,
+        };
+        let current = AnalyzeOptions::default().version();
+        let mut analysed = Vec::new();
+        for id in 1..=3u8 {
+            let (spans, (mut summary, hops)) = analysed_trace(id);
+            summary.version = old;
+            store.write_spans(&spans).await.unwrap();
+            analysed.push((summary, hops));
+        }
+        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        store.write_summaries(&analysed, &marks).await.unwrap();
+        let requests = rollup_requests(store.as_ref()).await;
+        assert!(requests > 0, "{backend}");
+        assert_eq!(store.stale_summary_count(current).await.unwrap(), 3);
+        assert_eq!(store.stale_summary_count(old).await.unwrap(), 0);
+        let mut newest_first = analysed
+            .iter()
+            .map(|(s, _)| (s.start_unix_nano, s.trace_id))
+            .collect::<Vec<_>>();
+        newest_first.sort_by(|a, b| b.cmp(a));
+        let page = |after| {
+            let store = store.clone();
+            async move {
+                store
+                    .stale_summaries(&StaleQuery {
+                        version: current,
+                        after,
+                        limit: 2,
+                    })
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|p| (p.start_unix_nano, p.trace_id))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let first = page(None).await;
+        assert_eq!(first, newest_first[..2], "{backend}");
+        let after = budgetscope::store::query::Cursor {
+            start_unix_nano: first[1].0,
+            trace_id: first[1].1,
+        };
+        assert_eq!(page(Some(after)).await, newest_first[2..], "{backend}");
+
+        // Trace 1 was analysed again meanwhile (current version); trace 2's summary is
+        // re-analysed; trace 9 has no summary at all.
+        let mut current_1 = analysed[0].clone();
+        current_1.0.version = current;
+        store
+            .write_summaries(std::slice::from_ref(&current_1), &[])
+            .await
+            .unwrap();
+        let mut rewritten: Vec<_> = analysed.clone();
+        for (summary, _) in &mut rewritten {
+            summary.version = current;
+        }
+        let (_, mut unknown) = analysed_trace(9);
+        unknown.0.version = current;
+        rewritten.push(unknown);
+        let changes = store.rewrite_summaries(&rewritten, current).await.unwrap();
+        assert!(
+            !changes.is_empty(),
+            "{backend}: the stale ones were replaced"
+        );
+        assert_eq!(store.stale_summary_count(current).await.unwrap(), 0);
+        assert_eq!(
+            rollup_requests(store.as_ref()).await,
+            requests,
+            "{backend}: each trace counted once"
+        );
+        let found = store
+            .search_traces(&TraceQuery {
+                limit: 10,
+                ..TraceQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 3, "{backend}: no summary for trace 9");
+        assert!(found.iter().all(|s| s.version == current), "{backend}");
     })
     .await;
 }

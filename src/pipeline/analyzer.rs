@@ -23,14 +23,15 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::core::analyze::hops::samples;
-use crate::core::analyze::summary::summarize;
+use crate::core::analyze::hops::{HopSample, samples};
+use crate::core::analyze::summary::{TraceSummary, summarize};
 use crate::core::analyze::{AnalyzeOptions, analyze};
 use crate::core::model::{Span, TraceId};
 use crate::pipeline::held::{HeldSpan, HeldTraces};
 use crate::pipeline::ingest::Ingestor;
 use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
 use crate::pipeline::metrics::Metrics;
+use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
 use crate::store::{Store, StoreError};
 
 /// Traces analysed per pass (one transaction of summaries), at most: fewer when their
@@ -61,11 +62,14 @@ const MAX_REST: Duration = Duration::from_secs(2);
 
 /// Runs until `stop`. Passes yield to `ingest` whenever it is backlogged:
 /// a span not yet committed can be lost (its exporter gives up), a trace not yet
-/// summarised only waits.
+/// summarised only waits. After the traces quiet now, and while ingest is not backlogged,
+/// it re-analyses stored traces analysed with other rules (`reanalysis.rs`) for at most
+/// one poll interval, so re-analysis never holds up new traces for long.
 pub async fn run(
     store: Arc<dyn Store>,
     options: AnalyzerOptions,
     ingest: Arc<Ingestor>,
+    reanalysis: Arc<Reanalysis>,
     stop: CancellationToken,
 ) {
     let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
@@ -79,6 +83,17 @@ pub async fn run(
             Ok(0) => {}
             Ok(traces) => tracing::debug!(traces, "summarised quiet traces"),
             Err(error) => tracing::warn!(%error, "summarising traces failed; will try again"),
+        }
+        let started = Instant::now();
+        while !reanalysis.finished()
+            && !backlogged()
+            && !stop.is_cancelled()
+            && started.elapsed() < poll
+        {
+            if let Err(error) = reanalysis_pass(store.as_ref(), &options, &reanalysis).await {
+                tracing::warn!(%error, "re-analysing stored traces failed; will try again");
+                break;
+            }
         }
     }
 }
@@ -109,6 +124,34 @@ pub async fn analyze_quiet_traces(
         }
     }
     Ok(done)
+}
+
+/// Groups spans by trace, analyses and summarises each trace, in one blocking task.
+pub(crate) async fn analyse_traces(
+    held: HashMap<TraceId, Vec<HeldSpan>>,
+    spans: Vec<Span>,
+    options: &AnalyzeOptions,
+) -> Result<Vec<(TraceSummary, Vec<HopSample>)>, StoreError> {
+    let options = options.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut by_trace: HashMap<TraceId, Vec<Span>> = held
+            .into_iter()
+            .map(|(id, spans)| (id, spans.iter().map(|span| span.to_span(id)).collect()))
+            .collect();
+        for span in spans {
+            by_trace.entry(span.trace_id).or_default().push(span);
+        }
+        by_trace
+            .into_values()
+            .filter_map(|mut spans| {
+                spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
+                let analysis = analyze(&spans, &options);
+                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))
 }
 
 /// What one pass did.
@@ -175,27 +218,7 @@ pub async fn analysis_pass(
         marks.retain(|(id, _)| *id <= last || held.contains_key(id));
     }
     let read = started.elapsed();
-    let analyze_options = options.analyze.clone();
-    // One blocking task for the pass: group by trace, analyse, summarise.
-    let summaries = tokio::task::spawn_blocking(move || {
-        let mut by_trace: HashMap<TraceId, Vec<Span>> = held
-            .into_iter()
-            .map(|(id, spans)| (id, spans.iter().map(|span| span.to_span(id)).collect()))
-            .collect();
-        for span in spans {
-            by_trace.entry(span.trace_id).or_default().push(span);
-        }
-        by_trace
-            .into_values()
-            .filter_map(|mut spans| {
-                spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
-                let analysis = analyze(&spans, &analyze_options);
-                summarize(&spans, &analysis).map(|summary| (summary, samples(&spans, &analysis)))
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))?;
+    let summaries = analyse_traces(held, spans, &options.analyze).await?;
     let analysed = started.elapsed();
     let deltas = store.write_summaries(&summaries, &marks).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

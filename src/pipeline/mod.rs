@@ -13,5 +13,6 @@ pub mod ingest;
 pub mod lease;
 pub mod memory;
 pub mod metrics;
+pub mod reanalysis;
 pub mod receiver;
 pub mod status;

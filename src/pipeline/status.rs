@@ -18,6 +18,7 @@ use crate::clock::now_unix_nano;
 use crate::pipeline::ingest::Ingestor;
 use crate::pipeline::lease::Lease;
 use crate::pipeline::metrics::Metrics;
+use crate::pipeline::reanalysis::{Progress, Reanalysis};
 use crate::store::{Store, StoreError};
 
 /// How often `run` measures.
@@ -60,6 +61,9 @@ pub struct Status {
     pub holds_lease: bool,
     /// When this was measured, unix milliseconds.
     pub measured_unix_ms: u64,
+    /// The re-analysis of stored traces analysed with other rules (`reanalysis.rs`); null
+    /// when none was needed since this server started.
+    pub reanalysis: Option<Progress>,
 }
 
 /// Measures the status and keeps the last measurement.
@@ -68,6 +72,7 @@ pub struct Monitor {
     metrics: Arc<Metrics>,
     ingest: Option<Arc<Ingestor>>,
     lease: Option<Arc<Lease>>,
+    reanalysis: Option<Arc<Reanalysis>>,
     quiet_period: Duration,
     state: Mutex<State>,
 }
@@ -90,6 +95,7 @@ impl Monitor {
         metrics: Arc<Metrics>,
         ingest: Option<Arc<Ingestor>>,
         lease: Option<Arc<Lease>>,
+        reanalysis: Option<Arc<Reanalysis>>,
         quiet_period: Duration,
     ) -> Arc<Monitor> {
         Arc::new(Monitor {
@@ -97,6 +103,7 @@ impl Monitor {
             metrics,
             ingest,
             lease,
+            reanalysis,
             quiet_period,
             state: Mutex::default(),
         })
@@ -169,6 +176,7 @@ impl Monitor {
             behind: lag > BEHIND.as_secs_f64(),
             holds_lease: self.lease.as_ref().is_some_and(|lease| lease.held()),
             measured_unix_ms: wall / 1_000_000,
+            reanalysis: self.reanalysis.as_ref().and_then(|r| r.progress()),
         };
         state.last = Some(status.clone());
         Ok(status)

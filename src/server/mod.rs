@@ -34,6 +34,7 @@ use crate::pipeline::ingest::{IngestOptions, Ingestor};
 use crate::pipeline::lease::Lease;
 use crate::pipeline::memory::MemoryBudget;
 use crate::pipeline::metrics::Metrics;
+use crate::pipeline::reanalysis::Reanalysis;
 use crate::pipeline::receiver::{Receiver, ReceiverParts};
 use crate::pipeline::status::{self, Monitor};
 use crate::server::config::{DbUrl, ServeConfig};
@@ -208,11 +209,16 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
     // Asked for before the work it guards starts, so a lone server does it at once.
     let lease = Arc::new(Lease::new("background", Lease::holder_name(http_addr)));
     lease.renew(store.as_ref()).await;
+    let analyze_options = AnalyzeOptions {
+        tolerance_ms: config.tolerance_ms,
+    };
+    let reanalysis = Arc::new(Reanalysis::new(analyze_options.version()));
     let status = Monitor::new(
         store.clone(),
         metrics.clone(),
         Some(ingestor.clone()),
         Some(lease.clone()),
+        Some(reanalysis.clone()),
         config.quiet_period,
     );
     let http = listen::serve(
@@ -267,6 +273,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 held,
             },
             ingestor.clone(),
+            reanalysis,
             stop_background.clone(),
         )),
         tokio::spawn(status::run(status, stop_background.clone())),

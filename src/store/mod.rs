@@ -40,13 +40,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
+use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::HopSample;
+use crate::core::analyze::hops::Rollup;
 use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::attr_json;
 use crate::core::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 pub use alerts::AlertStore;
-use query::TraceQuery;
+use query::{Cursor, StaleQuery, TraceQuery};
 
 /// What can go wrong in a store. Messages are for logs; the web and receiver layers map
 /// these to their own responses and never show database text to clients.
@@ -156,7 +158,24 @@ pub trait Store: AlertStore + Send + Sync + 'static {
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(RollupKey, crate::core::analyze::hops::Rollup)>, StoreError>;
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>;
+
+    /// The positions (start, trace id) of summaries analysed otherwise than
+    /// `query.version`, newest first.
+    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError>;
+
+    /// How many summaries were analysed otherwise than `version`.
+    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError>;
+
+    /// Writes the summaries of re-analysed traces, each only where the stored summary still
+    /// exists and was analysed otherwise than `version` (a trace analysed since, or deleted,
+    /// is left as it is), replacing its earlier contribution to the hop rollups. One
+    /// transaction; returns the per-minute rollup changes it made.
+    async fn rewrite_summaries(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        version: AnalysisVersion,
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>;
 
     /// Hop rollups for `[since, until)` (minute-aligned), optionally of one service or
     /// operation. With `hourly`, whole hours inside the range come as one row per hour
@@ -389,16 +408,16 @@ pub fn batch_operations(spans: &[Span]) -> Vec<OperationRow> {
     operations
 }
 
-/// The conflict clause of both backends' summary upserts (same SQL on both).
-pub(crate) const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
-     root_service = excluded.root_service, root_name = excluded.root_name, \
-     start_unix_nano = excluded.start_unix_nano, duration_ms = excluded.duration_ms, \
-     budget_ms = excluded.budget_ms, outcome = excluded.outcome, \
-     burner_service = excluded.burner_service, burner_name = excluded.burner_name, \
-     burner_self_ms = excluded.burner_self_ms, flag_counts = excluded.flag_counts, \
-     span_count = excluded.span_count, services = excluded.services, \
-     operations = excluded.operations, answer_ms = excluded.answer_ms, \
-     origins = excluded.origins, flags = excluded.flags, hops = excluded.hops";
+/// Rows of (trace id, start): positions in the summaries' newest-first order.
+pub(crate) fn decode_positions(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<Cursor>, StoreError> {
+    Ok(decode_marks(rows)?
+        .into_iter()
+        .map(|(trace_id, start)| Cursor {
+            start_unix_nano: start.max(0) as u64,
+            trace_id,
+        })
+        .collect())
+}
 
 /// Rows of (trace id, number): marks, or counts (`decode_counts`).
 pub(crate) fn decode_marks(rows: Vec<(Vec<u8>, i64)>) -> Result<Vec<(TraceId, i64)>, StoreError> {

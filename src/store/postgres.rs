@@ -18,15 +18,20 @@ use super::{
 use futures_util::TryStreamExt as _;
 use sqlx::Postgres;
 
+use super::decode_positions;
 use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
+use super::query::{Cursor, StaleQuery};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::rollup::StoredRollup;
-use super::summaries::{Dialect, delete_summaries_before, write_summaries};
+use super::summaries::{
+    Dialect, Replace, delete_summaries_before, stale_count, stale_query, write_summaries,
+};
 use super::{CLAIM, decode_counts, decode_marks, rollup_ranges};
 use crate::clock::now_unix_nano;
+use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::HopSample;
 use crate::core::analyze::hops::Rollup;
 use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
@@ -460,9 +465,39 @@ impl Store for PostgresStore {
         analysed: &[(TraceId, i64)],
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let minutes = write_summaries::<Postgres>(&mut tx, &DIALECT, traces, analysed).await?;
+        let minutes =
+            write_summaries::<Postgres>(&mut tx, &DIALECT, traces, Replace::Marked(analysed))
+                .await?;
         tx.commit().await?;
         self.refresh_statistics(traces.len() as u64).await;
+        Ok(minutes)
+    }
+
+    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
+        let rows: Vec<(Vec<u8>, i64)> = stale_query::<Postgres>(query)
+            .build_query_as()
+            .fetch_all(&self.pool)
+            .await?;
+        decode_positions(rows)
+    }
+
+    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError> {
+        let (count,): (i64,) = stale_count::<Postgres>(version)
+            .build_query_as()
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(count.max(0) as u64)
+    }
+
+    async fn rewrite_summaries(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        version: AnalysisVersion,
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let minutes =
+            write_summaries::<Postgres>(&mut tx, &DIALECT, traces, Replace::Stale(version)).await?;
+        tx.commit().await?;
         Ok(minutes)
     }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::core::analyze::summary::TraceSummary;
-use crate::core::analyze::{Flag, Outcome};
+use crate::core::analyze::{AnalysisVersion, Flag, Outcome};
 use crate::core::model::TraceId;
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
@@ -115,6 +115,15 @@ pub struct TraceQuery {
     pub cursor: Option<Cursor>,
 }
 
+/// Summaries analysed with other rules or another τ than `version`, newest first: the
+/// re-analysis of stored traces after an upgrade. Pages continue `after` a position.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StaleQuery {
+    pub version: AnalysisVersion,
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
 /// A summary as columns.
 pub(crate) struct SummaryRow {
     pub trace_id: Vec<u8>,
@@ -136,7 +145,21 @@ pub(crate) struct SummaryRow {
     pub origins: String,
     /// The trace's hop samples (`rollup::encode_hops`).
     pub hops: String,
+    pub rules_version: i64,
+    pub tolerance_ms: f64,
 }
+
+/// The conflict clause of the summary upsert.
+const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
+     root_service = excluded.root_service, root_name = excluded.root_name, \
+     start_unix_nano = excluded.start_unix_nano, duration_ms = excluded.duration_ms, \
+     budget_ms = excluded.budget_ms, outcome = excluded.outcome, \
+     burner_service = excluded.burner_service, burner_name = excluded.burner_name, \
+     burner_self_ms = excluded.burner_self_ms, flag_counts = excluded.flag_counts, \
+     span_count = excluded.span_count, services = excluded.services, \
+     operations = excluded.operations, answer_ms = excluded.answer_ms, \
+     origins = excluded.origins, rules_version = excluded.rules_version, \
+     tolerance_ms = excluded.tolerance_ms, flags = excluded.flags, hops = excluded.hops";
 
 /// The upsert of summary rows, one statement for all of `rows` (both backends; the caller
 /// keeps each statement within its backend's parameter limit).
@@ -169,10 +192,12 @@ where
             .push_bind(row.operations.clone())
             .push_bind(row.answer_ms)
             .push_bind(row.origins.clone())
+            .push_bind(row.rules_version)
+            .push_bind(row.tolerance_ms)
             .push_bind(row.flags.clone())
             .push_bind(row.hops.clone());
     });
-    upsert.push(super::SUMMARY_UPSERT);
+    upsert.push(SUMMARY_UPSERT);
     upsert
 }
 
@@ -229,6 +254,8 @@ pub(crate) fn encode_summary(summary: &TraceSummary, hops: &[HopSample]) -> Summ
         answer_ms: summary.answer_ms,
         origins: encode_operations(&summary.origins),
         hops: encode_hops(hops),
+        rules_version: i64::from(summary.version.rules),
+        tolerance_ms: summary.version.tolerance_ms,
     }
 }
 
@@ -251,7 +278,7 @@ fn decode_operations(text: &str) -> Vec<(String, String)> {
 /// The column list both backends select, in `StoredSummary` order.
 pub(crate) const SUMMARY_COLUMNS: &str = "trace_id, root_service, root_name, start_unix_nano, duration_ms, \
      budget_ms, outcome, burner_service, burner_name, burner_self_ms, flag_counts, span_count, services, operations, \
-     answer_ms, origins";
+     answer_ms, origins, rules_version, tolerance_ms";
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct StoredSummary {
@@ -271,6 +298,8 @@ pub(crate) struct StoredSummary {
     pub operations: String,
     pub answer_ms: Option<f64>,
     pub origins: String,
+    pub rules_version: i64,
+    pub tolerance_ms: f64,
 }
 
 impl StoredSummary {
@@ -305,6 +334,10 @@ impl StoredSummary {
             operations: decode_operations(&self.operations),
             answer_ms: self.answer_ms,
             origins: decode_operations(&self.origins),
+            version: AnalysisVersion {
+                rules: u32::try_from(self.rules_version).unwrap_or(0),
+                tolerance_ms: self.tolerance_ms,
+            },
         })
     }
 }

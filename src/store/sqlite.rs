@@ -23,19 +23,24 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection as _, QueryBuilder, Sqlite};
 
+use super::decode_positions;
 use super::leases;
 use super::query::{
     AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
 };
+use super::query::{Cursor, StaleQuery};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::rollup::StoredRollup;
-use super::summaries::{Dialect, delete_summaries_before, push_list, write_summaries};
+use super::summaries::{
+    Dialect, Replace, delete_summaries_before, push_list, stale_count, stale_query, write_summaries,
+};
 use super::{
     EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
     Within, decode_operations, decode_rows,
 };
 use super::{decode_counts, decode_marks, rollup_ranges};
 use crate::clock::now_unix_nano;
+use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::HopSample;
 use crate::core::analyze::hops::Rollup;
 use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
@@ -693,7 +698,38 @@ impl Store for SqliteStore {
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut conn = self.write_connection().await?;
         let mut tx = conn.begin().await?;
-        let minutes = write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, analysed).await?;
+        let minutes =
+            write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, Replace::Marked(analysed)).await?;
+        tx.commit().await?;
+        conn.keep();
+        Ok(minutes)
+    }
+
+    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
+        let rows: Vec<(Vec<u8>, i64)> = stale_query::<Sqlite>(query)
+            .build_query_as()
+            .fetch_all(&self.reader)
+            .await?;
+        decode_positions(rows)
+    }
+
+    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError> {
+        let (count,): (i64,) = stale_count::<Sqlite>(version)
+            .build_query_as()
+            .fetch_one(&self.reader)
+            .await?;
+        Ok(count.max(0) as u64)
+    }
+
+    async fn rewrite_summaries(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        version: AnalysisVersion,
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        let mut conn = self.write_connection().await?;
+        let mut tx = conn.begin().await?;
+        let minutes =
+            write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, Replace::Stale(version)).await?;
         tx.commit().await?;
         conn.keep();
         Ok(minutes)

@@ -7,8 +7,10 @@ use std::collections::{BTreeMap, HashSet};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
+use super::query::StaleQuery;
 use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
 use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
+use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::RollupKey;
 use crate::core::analyze::hops::{HopSample, Rollup};
 use crate::core::analyze::summary::TraceSummary;
@@ -29,14 +31,24 @@ pub(crate) struct Dialect {
     pub writers_lock: &'static str,
 }
 
-/// Clears the marks in `analysed` (trace, mark) and writes `traces` (each summary with its
-/// hop samples) on `conn`, inside the caller's transaction. Each trace's hops replace
-/// what the trace contributed before (a late span). Returns the per-minute rollup deltas.
+/// Which traces a write may replace.
+pub(crate) enum Replace<'a> {
+    /// Traces given with marks (trace, mark): written when this write cleared one of their
+    /// marks; traces given without marks are written in any case.
+    Marked(&'a [(TraceId, i64)]),
+    /// Only traces whose stored summary exists and was analysed with another version than
+    /// this one (the re-analysis of stored traces after the rules changed).
+    Stale(AnalysisVersion),
+}
+
+/// Writes `traces` (each summary with its hop samples) on `conn`, inside the caller's
+/// transaction, as `replace` allows. Each trace's hops replace what the trace contributed
+/// before (a late span, or a re-analysis). Returns the per-minute rollup deltas.
 pub(crate) async fn write_summaries<DB: Database>(
     conn: &mut DB::Connection,
     dialect: &Dialect,
     traces: &[(TraceSummary, Vec<HopSample>)],
-    analysed: &[(TraceId, i64)],
+    replace: Replace<'_>,
 ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -56,44 +68,39 @@ where
             .execute(&mut *conn)
             .await?;
     }
-    // Marks are cleared first, and a trace given with marks is written only if this
-    // transaction cleared one of them: of two servers that analysed the same trace, the
-    // second finds its marks gone and writes nothing, and a trace whose mark a late span
-    // replaced waits for its next analysis.
-    let mut cleared: HashSet<TraceId> = HashSet::new();
-    for chunk in analysed.chunks(CHUNK) {
-        // The list of times lets SQLite find the marks by its key's first column; on the
-        // pairs alone it scans the whole table.
-        let mut clear = QueryBuilder::<DB>::new(format!(
-            "DELETE FROM {} WHERE received_unix_nano IN ",
-            dialect.marks
-        ));
-        push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
-        clear.push(" AND (received_unix_nano, trace_id) IN (");
-        clear.push_values(chunk, |mut b, (id, mark)| {
-            b.push_bind(*mark).push_bind(id.0.to_vec());
-        });
-        clear.push(") RETURNING trace_id");
-        let ids: Vec<(Vec<u8>,)> = clear.build_query_as().fetch_all(&mut *conn).await?;
-        for (id,) in ids {
-            cleared.insert(
-                TraceId::from_bytes(&id)
-                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
-            );
+    // The traces written, and those whose old contribution goes: with marks, every trace
+    // whose mark this write cleared (also one whose spans are gone and that gets no summary).
+    let (written, mut replaced) = match replace {
+        Replace::Marked(analysed) => {
+            // Marks are cleared first: of two servers that analysed the same trace, the
+            // second finds its marks gone and writes nothing, and a trace whose mark a late
+            // span replaced waits for its next analysis.
+            let cleared = clear_marks::<DB>(conn, dialect, analysed).await?;
+            let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
+            let written: HashSet<TraceId> = traces
+                .iter()
+                .map(|(summary, _)| summary.trace_id)
+                .filter(|id| cleared.contains(id) || !marked.contains(id))
+                .collect();
+            let replaced: Vec<TraceId> = written.union(&cleared).copied().collect();
+            (written, replaced)
         }
-    }
-    let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
+        Replace::Stale(version) => {
+            let ids: Vec<TraceId> = traces.iter().map(|(s, _)| s.trace_id).collect();
+            let written = stale_among::<DB>(conn, &ids, version).await?;
+            let replaced = written.iter().copied().collect();
+            (written, replaced)
+        }
+    };
     let traces: Vec<&(TraceSummary, Vec<HopSample>)> = traces
         .iter()
-        .filter(|(summary, _)| {
-            cleared.contains(&summary.trace_id) || !marked.contains(&summary.trace_id)
-        })
+        .filter(|(summary, _)| written.contains(&summary.trace_id))
         .collect();
-    let mut cleared: Vec<TraceId> = cleared.into_iter().collect();
-    cleared.sort_unstable();
-    // What each trace contributed before (a late span) comes back out; its terms go.
+    replaced.sort_unstable();
+    // What each trace contributed before (a late span, a re-analysis) comes back out; its
+    // terms go.
     let mut deltas = BTreeMap::new();
-    for chunk in cleared.chunks(CHUNK) {
+    for chunk in replaced.chunks(CHUNK) {
         let ids = || chunk.iter().map(|id| id.0.to_vec());
         let mut old =
             QueryBuilder::<DB>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
@@ -147,6 +154,127 @@ where
     apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk).await?;
     apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk).await?;
     Ok(minutes)
+}
+
+/// Deletes the marks in `analysed` (trace, mark) that are still there; returns the traces
+/// whose marks it deleted.
+async fn clear_marks<DB: Database>(
+    conn: &mut DB::Connection,
+    dialect: &Dialect,
+    analysed: &[(TraceId, i64)],
+) -> Result<HashSet<TraceId>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut cleared = HashSet::new();
+    for chunk in analysed.chunks(CHUNK) {
+        // The list of times lets SQLite find the marks by its key's first column; on the
+        // pairs alone it scans the whole table.
+        let mut clear = QueryBuilder::<DB>::new(format!(
+            "DELETE FROM {} WHERE received_unix_nano IN ",
+            dialect.marks
+        ));
+        push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
+        clear.push(" AND (received_unix_nano, trace_id) IN (");
+        clear.push_values(chunk, |mut b, (id, mark)| {
+            b.push_bind(*mark).push_bind(id.0.to_vec());
+        });
+        clear.push(") RETURNING trace_id");
+        let ids: Vec<(Vec<u8>,)> = clear.build_query_as().fetch_all(&mut *conn).await?;
+        for (id,) in ids {
+            cleared.insert(
+                TraceId::from_bytes(&id)
+                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
+            );
+        }
+    }
+    Ok(cleared)
+}
+
+/// `WHERE` condition of summaries analysed otherwise than `version`, with its parameters.
+fn push_stale<DB: Database>(q: &mut QueryBuilder<DB>, version: AnalysisVersion)
+where
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    q.push("(rules_version <> ")
+        .push_bind(i64::from(version.rules))
+        .push(" OR tolerance_ms <> ")
+        .push_bind(version.tolerance_ms)
+        .push(")");
+}
+
+/// Those of `ids` whose stored summary was analysed otherwise than `version`.
+async fn stale_among<DB: Database>(
+    conn: &mut DB::Connection,
+    ids: &[TraceId],
+    version: AnalysisVersion,
+) -> Result<HashSet<TraceId>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut stale = HashSet::new();
+    for chunk in ids.chunks(CHUNK) {
+        let mut q =
+            QueryBuilder::<DB>::new("SELECT trace_id FROM trace_summaries WHERE trace_id IN ");
+        push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+        q.push(" AND ");
+        push_stale(&mut q, version);
+        let rows: Vec<(Vec<u8>,)> = q.build_query_as().fetch_all(&mut *conn).await?;
+        for (id,) in rows {
+            stale.insert(
+                TraceId::from_bytes(&id)
+                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
+            );
+        }
+    }
+    Ok(stale)
+}
+
+/// Summaries analysed otherwise than `query.version`, newest first, after `query.after`
+/// (keyset on start and trace id, as search pages).
+pub(crate) fn stale_query<DB: Database>(query: &StaleQuery) -> QueryBuilder<DB>
+where
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut q =
+        QueryBuilder::<DB>::new("SELECT trace_id, start_unix_nano FROM trace_summaries WHERE ");
+    push_stale(&mut q, query.version);
+    if let Some(after) = query.after {
+        let start = i64::try_from(after.start_unix_nano).unwrap_or(i64::MAX);
+        q.push(" AND (start_unix_nano < ")
+            .push_bind(start)
+            .push(" OR (start_unix_nano = ")
+            .push_bind(start)
+            .push(" AND trace_id < ")
+            .push_bind(after.trace_id.0.to_vec())
+            .push("))");
+    }
+    q.push(" ORDER BY start_unix_nano DESC, trace_id DESC LIMIT ")
+        .push_bind(i64::from(query.limit));
+    q
+}
+
+/// How many summaries were analysed otherwise than `version`.
+pub(crate) fn stale_count<DB: Database>(version: AnalysisVersion) -> QueryBuilder<DB>
+where
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    f64: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::<DB>::new("SELECT count(*) FROM trace_summaries WHERE ");
+    push_stale(&mut q, version);
+    q
 }
 
 /// Appends `(?, ?, …)`, one parameter per value.

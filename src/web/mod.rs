@@ -67,7 +67,14 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let quiet_period = std::time::Duration::from_secs(10);
         AppState {
-            status: Monitor::new(store.clone(), metrics.clone(), None, None, quiet_period),
+            status: Monitor::new(
+                store.clone(),
+                metrics.clone(),
+                None,
+                None,
+                None,
+                quiet_period,
+            ),
             store,
             analyze,
             rules: Default::default(),

@@ -39,6 +39,30 @@ impl Default for AnalyzeOptions {
     }
 }
 
+/// The version of the rules in this folder. Bump it with every change that makes a stored
+/// trace analyse differently (a flag, an exceed, an origin, or a number that a summary, an
+/// index term or a hop sample holds): summaries store it, and a server that finds summaries
+/// analysed under other rules re-analyses them (docs/budget-semantics.md, "When the rules
+/// change").
+pub const RULES_VERSION: u32 = 1;
+
+/// What a stored analysis was produced with: the rules' version and τ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AnalysisVersion {
+    pub rules: u32,
+    pub tolerance_ms: f64,
+}
+
+impl AnalyzeOptions {
+    /// The version of the analysis these options produce.
+    pub fn version(&self) -> AnalysisVersion {
+        AnalysisVersion {
+            rules: RULES_VERSION,
+            tolerance_ms: self.tolerance_ms,
+        }
+    }
+}
+
 /// Every flag of docs/budget-semantics.md, in the order the contract lists them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Flag {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Analysis, Flag, Outcome, Role};
+use super::{Analysis, AnalysisVersion, Flag, Outcome, RULES_VERSION, Role};
 use crate::core::model::{Span, TraceId};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +28,8 @@ pub struct TraceSummary {
     pub services: Vec<String>,
     /// Every (service, span name) of hops and roots, sorted.
     pub operations: Vec<(String, String)>,
+    /// The rules and τ that produced this summary.
+    pub version: AnalysisVersion,
 }
 
 /// Summarises an analysed trace. `spans` must be the slice that was analysed, and non-empty.
@@ -52,6 +54,10 @@ pub fn summarize(spans: &[Span], analysis: &Analysis) -> Option<TraceSummary> {
     operations.sort();
     operations.dedup();
     Some(TraceSummary {
+        version: AnalysisVersion {
+            rules: RULES_VERSION,
+            tolerance_ms: analysis.tolerance_ms,
+        },
         trace_id: root.trace_id,
         root_service: root.service.clone(),
         root_name: root.name.clone(),

@@ -113,6 +113,8 @@ pub struct OverviewPage {
     pub firing: Vec<super::alerts::InstanceRow>,
     /// Set when analysis is more than a minute behind (filled by the handler).
     pub behind: Option<String>,
+    /// Set while stored traces are re-analysed with the current rules (filled by the handler).
+    pub reanalysing: Option<String>,
 }
 
 pub async fn overview(
@@ -131,7 +133,9 @@ pub async fn overview(
     let descending = params.get("order").map(String::as_str) != Some("asc");
     let mut page = build(range, &rows, first_run, sort, descending);
     page.firing = super::alerts::firing(&state, None).await?;
-    page.behind = state.status.latest().as_ref().and_then(behind);
+    let status = state.status.latest();
+    page.behind = status.as_ref().and_then(behind);
+    page.reanalysing = status.as_ref().and_then(reanalysing);
     Ok(html(StatusCode::OK, &page))
 }
 
@@ -148,6 +152,18 @@ pub fn behind(status: &Status) -> Option<String> {
             status.analyzed_traces_per_s,
         )
     })
+}
+
+/// What the banner says while stored traces are re-analysed with the current rules.
+pub fn reanalysing(status: &Status) -> Option<String> {
+    let progress = status.reanalysis.as_ref().filter(|p| !p.finished)?;
+    Some(format!(
+        "Stored traces are being re-analysed with the current rules (version {}, tolerance \
+         {} ms): {} of {} done, newest first. Until it finishes, older traces count in \
+         search, hop statistics and alerts as they were first analysed; their trace pages \
+         already show the current analysis. /api/status shows the progress.",
+        progress.rules_version, progress.tolerance_ms, progress.done, progress.stale_at_start,
+    ))
 }
 
 /// The page from rollup rows; pure, so the benchmark and tests can call it.
@@ -338,5 +354,6 @@ pub fn build(
         exceeded_href,
         firing: Vec::new(),
         behind: None,
+        reanalysing: None,
     }
 }
