@@ -7,10 +7,10 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc instead of glibc's malloc. Ingest allocates many small strings per span on one
 /// thread and frees whole batches on another (`pipeline/ingest.rs`); with glibc, `malloc`, `free`
-/// and `malloc_consolidate` were nearly half of the request threads' time. jemalloc used
-/// 10–20 % less server CPU and committed 6–22 % more spans/s in every ingest configuration,
-/// and peak RSS at 10k spans/s stayed within its run-to-run spread (BENCHMARKS.md,
-/// "Design decisions and what they bought"). SQLite keeps calling glibc's allocator.
+/// and `malloc_consolidate` were nearly half of the request threads' time; jemalloc uses
+/// less server CPU and commits more spans/s in every ingest configuration, with the same
+/// peak RSS at 10k spans/s (`benches/ab.sh`, `benches/ingest.sh`). SQLite keeps calling
+/// glibc's allocator.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

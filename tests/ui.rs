@@ -535,6 +535,34 @@ edge server "GET /checkout" 0 900 budget=700
     server.shutdown().await;
 }
 
+/// While stored traces are re-analysed with the current rules, the overview says how far it
+/// has got; once it has finished, it says nothing.
+#[tokio::test]
+async fn the_overview_says_while_stored_traces_are_re_analysed() {
+    use budgetscope::pipeline::reanalysis::Progress;
+    use budgetscope::web::pages::overview::reanalysing;
+    let db = TestDb::sqlite();
+    let store = store::open(&db.url).await.unwrap();
+    let state = AppState::new(store, AnalyzeOptions::default());
+    let mut status = state.status.measure().await.unwrap();
+    assert_eq!(status.reanalysis, None);
+    assert_eq!(reanalysing(&status), None);
+    status.reanalysis = Some(Progress {
+        rules_version: 2,
+        tolerance_ms: 50.0,
+        stale_at_start: 1200,
+        done: 300,
+        finished: false,
+    });
+    let banner = reanalysing(&status).unwrap();
+    assert!(
+        banner.contains("re-analysed with the current rules (version 2, tolerance 50 ms): 300 of 1200 done, newest first"),
+        "{banner}"
+    );
+    status.reanalysis.as_mut().unwrap().finished = true;
+    assert_eq!(reanalysing(&status), None);
+}
+
 /// When analysed statistics are more than a minute behind, the overview says by how much
 /// and how many traces wait; once they are current, it says nothing.
 #[tokio::test]

@@ -19,8 +19,9 @@ use crate::core::model::{
 use crate::pipeline::memory::{MemoryBudget, Reservation};
 
 /// Held spans take at most this share of the memory budget's pool (1/3, 128 MiB by default):
-/// at 50k spans/s the traces waiting out the quiet period hold 70–100 MiB, and a trace
-/// that finds no room is read back from the store, ten times the cost (BENCHMARKS.md).
+/// enough for the traces waiting out the quiet period at 50k spans/s, where a trace that
+/// finds no room is read back from the store at many times the cost
+/// (`budgetscope-bench sustained --rate 50000`).
 const POOL_SHARE_DIVISOR: u64 = 3;
 
 /// A trace held this long without being taken (its marks were cleared some other way) is

@@ -12,7 +12,7 @@
 //!
 //! On SQLite the one writer runs on a thread of its own (`own_threads`): with two cores,
 //! a writer task queued behind request handling left the store idle between transactions
-//! (BENCHMARKS.md, "Ingest").
+//! (`budgetscope-bench ingest` shows the writer's thread time: ran, waited, idle).
 
 use std::sync::Arc;
 
@@ -263,9 +263,9 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
                 .map_err(|_| IngestError::Unavailable),
         );
     }
-    // Freeing the rows (allocated by request threads, one string per column) took the
-    // writer 5 % of its time under load (BENCHMARKS.md); the next transaction need not
-    // wait for it.
+    // Freeing the rows (allocated by request threads, one string per column) took a share
+    // of the writer's time under load (`budgetscope-bench ingest`); the next transaction
+    // need not wait for it.
     drop(tokio::task::spawn_blocking(move || drop(merged)));
 }
 

@@ -37,8 +37,7 @@ use crate::store::{EncodedBatch, Store};
 /// Requests of at most this many spans are normalised and encoded on the async worker that
 /// received them (well under a millisecond of work); larger ones on the blocking pool, so
 /// that no worker is held for long. The hand-off to the pool and back cost small requests
-/// more than the work: gRPC 100 spans × 8 senders, 5 pairs, 68.4k → 73.0k spans/s
-/// (BENCHMARKS.md).
+/// more than the work (`benches/ab.sh` with `AB_CONFIG="--transport grpc --batch 100"`).
 const INLINE_SPANS: usize = 128;
 
 /// How long exporters are asked to wait before retrying a refused request.

@@ -128,8 +128,8 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_MEMORY_LIMIT", default_value = "512MiB")]
     pub memory_limit: String,
 
-    /// Alert rules and receivers, in YAML (top level rules: and receivers:; see README,
-    /// "Alerts"). Re-read on SIGHUP; `budgetscope rules check FILE` validates one.
+    /// Alert rules and receivers, in YAML (top level rules: and receivers:; see
+    /// docs/alerts.md). Re-read on SIGHUP; `budgetscope rules check FILE` validates one.
     #[arg(long, env = "BUDGETSCOPE_RULES")]
     pub rules: Option<std::path::PathBuf>,
 

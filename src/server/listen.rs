@@ -55,8 +55,8 @@ const MAX_CONCURRENT_STREAMS: u32 = 100;
 /// The HTTP/2 flow-control window of each connection: how much a client may have sent on
 /// it, over all its requests, before it must wait for the server to acknowledge what it
 /// read. 16 MiB, where gRPC's Go server stops growing its windows, against hyper's 1 MiB
-/// default: 512-span gRPC exports at 8 senders reach about 4 % more spans/s with 8 % less
-/// server CPU (BENCHMARKS.md, "Ingest"). It bounds no memory of ours: each request is read
+/// default: 512-span gRPC exports commit more spans/s with less server CPU (`benches/ab.sh`
+/// with `AB_CONFIG="--transport grpc --batch 512 --concurrency 8"`). It bounds no memory of ours: each request is read
 /// whole, up to `--max-request-bytes`, before it is decoded anyway.
 const HTTP2_CONNECTION_WINDOW: u32 = 16 << 20;
 

@@ -130,7 +130,8 @@ impl PostgresStore {
     /// written since the last refresh reach 10 % of the total (and 10,000). Searches drive
     /// from `trace_terms` newest first and stop at their limit, but only when the planner
     /// knows a term is common: with the statistics of a smaller table it sorts every match
-    /// instead (109 ms instead of 4 ms for a common term at 57k traces; BENCHMARKS.md).
+    /// instead (`budgetscope-bench query --db postgres://…`; tests/store_conformance.rs
+    /// pins the refresh).
     /// Autovacuum does this too when it is on, but it may be off, and it lags bulk loads.
     async fn refresh_statistics(&self, written: u64) {
         use std::sync::atomic::Ordering;

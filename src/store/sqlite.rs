@@ -60,8 +60,8 @@ const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 /// meanwhile until little is left (`RESET_LEFT_FRAMES`), then asks the writer
 /// (`WalSignals::reset_due`), which checkpoints between two transactions, when nothing
 /// else commits: the next transaction starts the WAL over. Leaving the whole reset to the
-/// writers' commits (`wal_autocheckpoint` alone) cost 25 % of sustained ingest
-/// (BENCHMARKS.md, "WAL").
+/// writers' commits (`wal_autocheckpoint` alone) cost much of sustained ingest's throughput
+/// (`budgetscope-bench ingest --spans 1000000`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
 /// Frames a flush-and-copy round of the checkpointer may copy and still leave the writer's
@@ -72,7 +72,8 @@ const RESET_LEFT_FRAMES: i64 = 256;
 /// The writers' own checkpoint at commit (SQLite's `wal_autocheckpoint`), at four times
 /// `WAL_RESET_FRAMES`: it bounds the WAL when the checkpointer falls behind the writes or
 /// readers keep older snapshots past a reset, and it is retried at every commit. At twice,
-/// it fired under steady load and doubled the export p99 (BENCHMARKS.md, "WAL").
+/// it fired under steady load, in the writer's commits, and raised the export p99
+/// (BENCHMARKS.md, "WAL").
 const WAL_BOUND_FRAMES: &str = "65536";
 
 pub struct SqliteStore {
@@ -137,8 +138,9 @@ impl SqliteStore {
             writer.clone()
         } else {
             // Readers see the file through the map; their page caches hold mostly pages
-            // read from the WAL. 2 MiB each instead of 8 keeps the peak RSS at a steady 10k
-            // spans/s under 150 MiB, with the same query times.
+            // read from the WAL. 2 MiB each instead of 8 lowers the peak RSS at a steady 10k
+            // spans/s with the same query times (`budgetscope-bench ingest --rate 10000`,
+            // `budgetscope-bench query`).
             let options = options
                 .clone()
                 .read_only(true)
@@ -202,9 +204,9 @@ impl SqliteStore {
     /// single-row statement per table, on a connection the store opened with rusqlite and
     /// keeps for these inserts (`WriteSide::ingest`). Through sqlx's statement API every
     /// statement was a round trip to the connection's worker thread and every row was
-    /// copied into an argument buffer first (30–68 % more spans/s end to end without,
-    /// BENCHMARKS.md, "Ingest"); through sqlx's locked raw handle, each transaction still
-    /// began with a round trip to that thread, 0.45 ms under load.
+    /// copied into an argument buffer first (`budgetscope-bench ingest` commits far more
+    /// spans/s without); through sqlx's locked raw handle, each transaction still began
+    /// with a round trip to that thread.
     pub async fn insert_rows(
         &self,
         rows: &[SpanRow],
@@ -267,7 +269,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// (`open_ingest_connection`).
 const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
     ("synchronous", "NORMAL"),
-    // 8 MiB measured best for ingest (BENCHMARKS.md): SQLite scans the page cache at every
+    // 8 MiB measured best for ingest (`budgetscope-bench ingest`): SQLite scans the page cache at every
     // commit, so 64 MiB cost more per commit than it saved in reads.
     ("cache_size", "-8192"),
     ("temp_store", "memory"),
@@ -665,7 +667,7 @@ impl Store for SqliteStore {
         // evaluates the subquery once, into a temporary index, and only when a due mark
         // needs it. Read out through sqlx into a set instead (every mark of the last quiet
         // period, row by row, at every poll, even when nothing was due), the recent marks
-        // cost 9–13 % of the server's CPU over a 1M-span run (BENCHMARKS.md).
+        // cost a tenth of the server's CPU (`budgetscope-bench ingest --spans 1000000`).
         let mut due = sqlx::query_as::<_, (Vec<u8>, i64)>(
             "SELECT trace_id, received_unix_nano FROM trace_marks \
              WHERE received_unix_nano < ?1 AND trace_id NOT IN \

@@ -46,7 +46,7 @@ pub async fn not_found(uri: Uri) -> ApiError {
     ApiError::not_found(
         "not_found",
         format!(
-            "no such endpoint: {}; see README.md for the API",
+            "no such endpoint: {}; see docs/api.md for the API",
             uri.path()
         ),
     )
@@ -145,7 +145,7 @@ struct TraceJson<'a> {
     analysis: AnalysisJson<'a>,
 }
 
-/// The API form of an analysis (README.md, "Budget analysis").
+/// The API form of an analysis (docs/api.md, "Budget analysis").
 #[derive(Serialize)]
 pub struct AnalysisJson<'a> {
     outcome: &'static str,
@@ -287,7 +287,7 @@ impl<'a> AnalysisJson<'a> {
     }
 }
 
-/// The API form of a span (README.md, "JSON API").
+/// The API form of a span (docs/api.md).
 pub fn span_json(span: &Span) -> Value {
     json!({
         "span_id": span.span_id.to_hex(),

@@ -103,7 +103,7 @@ pub async fn telemetry(
     .await?
 }
 
-/// The deadline metrics a hop exports beside its spans (README, "Deadline metrics"): the
+/// The deadline metrics a hop exports beside its spans (docs/instrument.md, "Deadline metrics"): the
 /// budget it received, the budget left when it answered, and its exceeds by origin.
 pub struct DeadlineMeters {
     received: Histogram<f64>,

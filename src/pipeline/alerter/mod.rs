@@ -65,9 +65,8 @@ pub fn window_range(now: u64, delay: Duration, length: Duration) -> (u64, u64) {
 const ONE_READ: Duration = Duration::from_secs(3600);
 
 /// Every hop's rollup over each window length. The windows up to `ONE_READ` share one read
-/// of minute rows (the longest of them), summed per window as the rows stream by; with
-/// 10,000 hops a read costs ~8 µs a row on SQLite, most of an evaluation (BENCHMARKS.md,
-/// "Alerts").
+/// of minute rows (the longest of them), summed per window as the rows stream by: reading
+/// rows is most of an evaluation (`cargo bench --bench alerts`).
 async fn read_windows(
     store: &dyn Store,
     lengths: &BTreeSet<Duration>,
