@@ -186,7 +186,13 @@ async fn end_to_end(rules: &RuleSet, now: u64) {
     for minutes in [5, 10] {
         let started = Instant::now();
         let rows = store
-            .hop_rollups(now - minutes * MINUTE, now + MINUTE, None, None, true)
+            .hop_rollups(&budgetscope::store::query::RollupQuery {
+                since_unix_nano: now - minutes * MINUTE,
+                until_unix_nano: now + MINUTE,
+                service: None,
+                operation: None,
+                hourly: true,
+            })
             .await
             .expect("rollups read");
         println!(

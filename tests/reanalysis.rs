@@ -53,13 +53,13 @@ async fn write_traces(store: &dyn Store, n: u16) {
 async fn edge_rollup(store: &dyn Store) -> Rollup {
     let now = common::now_nanos();
     let rows = store
-        .hop_rollups(
-            now - 600_000_000_000,
-            now + 60_000_000_000,
-            Some("edge"),
-            Some("GET /late"),
-            false,
-        )
+        .hop_rollups(&budgetscope::store::query::RollupQuery {
+            since_unix_nano: now - 600_000_000_000,
+            until_unix_nano: now + 60_000_000_000,
+            service: Some("edge"),
+            operation: Some("GET /late"),
+            hourly: false,
+        })
         .await
         .unwrap();
     let mut merged = Rollup::default();

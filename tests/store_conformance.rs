@@ -585,7 +585,13 @@ fn analysed_trace(trace: u8) -> (Vec<Span>, (TraceSummary, Vec<HopSample>)) {
 /// Requests counted in the hop rollups of every minute.
 async fn rollup_requests(store: &dyn Store) -> i64 {
     store
-        .hop_rollups(0, 3_600_000_000_000, None, None, false)
+        .hop_rollups(&budgetscope::store::query::RollupQuery {
+            since_unix_nano: 0,
+            until_unix_nano: 3_600_000_000_000,
+            service: None,
+            operation: None,
+            hourly: false,
+        })
         .await
         .unwrap()
         .iter()

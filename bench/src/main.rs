@@ -272,12 +272,12 @@ impl BenchDatabases {
     ) -> anyhow::Result<()> {
         const ROWS_PER_TRANSACTION: usize = 10_000;
         if self.is_postgres() {
-            let store = store::postgres::PostgresStore::connect(url).await?;
+            let store = store::postgres::PostgresBackend::connect(url).await?;
             for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
                 store.insert_rows(chunk, operations, &[]).await?;
             }
         } else {
-            let store = store::sqlite::SqliteStore::connect(url).await?;
+            let store = store::sqlite::SqliteBackend::connect(url).await?;
             for chunk in rows.chunks(ROWS_PER_TRANSACTION) {
                 store.insert_rows(chunk, operations, &[]).await?;
             }
@@ -286,7 +286,7 @@ impl BenchDatabases {
     }
 
     async fn copy_rows(&self, url: &str, rows: &[store::SpanRow]) -> anyhow::Result<()> {
-        let store = store::postgres::PostgresStore::connect(url).await?;
+        let store = store::postgres::PostgresBackend::connect(url).await?;
         store.copy_rows(rows).await?;
         Ok(())
     }

@@ -1,232 +1,15 @@
-//! Alert state for both backends: instances, their history, the notification outbox,
-//! stored rules and silences. One implementation of the SQL, instantiated per backend by
-//! `alert_sql!` (the SQL is the same on both; only the sqlx types differ), and the
-//! `AlertStore` trait that `Store` extends, implemented here for both stores.
+//! Alert state for both databases (`AlertStore`): instances, their history, the
+//! notification outbox, stored rules and silences, each statement written once.
 
 use async_trait::async_trait;
-use sqlx::Connection as _;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
+use super::backend::{Backend, SqlStore, Writer as _};
+use super::query::{HistoryQuery, NotificationQuery};
+use super::{AlertStore, StoreError};
 use crate::core::alerts::eval::{Instance, Severity, State};
 use crate::core::alerts::notify::Notification;
 use crate::core::alerts::silence::{Matcher, Silence};
-
-use super::StoreError;
-use super::postgres::PostgresStore;
-use super::sqlite::SqliteStore;
-
-/// Alert state: what the alert runner and the alert pages read and write.
-#[async_trait]
-pub trait AlertStore {
-    /// Every alert instance that is not inactive, by rule and hop.
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError>;
-
-    /// Writes what an evaluation pass decided (instances, history, notifications to send)
-    /// in one transaction, so a notification is queued exactly when its change is stored.
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError>;
-
-    /// Evaluations of instances while pending or firing, newest first.
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError>;
-
-    /// Notifications whose next attempt is due at `now`, oldest first.
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError>;
-
-    /// The delivery log (every notification, pending or not), newest first.
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError>;
-
-    /// Stores the outcome of a delivery attempt (attempts, next attempt, delivery, error).
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError>;
-
-    /// Deletes alert history, finished notifications and silences that ended before the
-    /// cutoff.
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError>;
-
-    /// (name, definition JSON) of the alert rules created in the UI or the API.
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError>;
-
-    /// Creates or replaces a stored alert rule.
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError>;
-
-    /// Deletes a stored alert rule; false when there was none of that name.
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError>;
-
-    /// Every silence, newest first.
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError>;
-
-    /// Inserts a silence (id 0) or updates one; returns its id.
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError>;
-}
-
-#[async_trait]
-impl AlertStore for SqliteStore {
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
-        sqlite::instances(self.reader()).await
-    }
-
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        sqlite::save(&mut tx, write).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
-        sqlite::history(self.reader(), query).await
-    }
-
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        sqlite::due_notifications(self.reader(), now_unix_nano, limit).await
-    }
-
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        sqlite::notifications(self.reader(), rule, limit).await
-    }
-
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        sqlite::record_attempt(&mut conn, notification).await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let deleted = sqlite::delete_before(&mut conn, cutoff_unix_nano).await?;
-        conn.keep();
-        Ok(deleted)
-    }
-
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
-        sqlite::rule_specs(self.reader()).await
-    }
-
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        sqlite::put_rule(&mut conn, name, definition, now_unix_nano).await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let deleted = sqlite::delete_rule(&mut conn, name).await?;
-        conn.keep();
-        Ok(deleted)
-    }
-
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
-        sqlite::silences(self.reader()).await
-    }
-
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let id = sqlite::put_silence(&mut conn, silence).await?;
-        conn.keep();
-        Ok(id)
-    }
-}
-
-#[async_trait]
-impl AlertStore for PostgresStore {
-    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
-        postgres::instances(self.pool()).await
-    }
-
-    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
-        let mut tx = self.pool().begin().await?;
-        postgres::save(&mut tx, write).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
-        postgres::history(self.pool(), query).await
-    }
-
-    async fn due_notifications(
-        &self,
-        now_unix_nano: u64,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        postgres::due_notifications(self.pool(), now_unix_nano, limit).await
-    }
-
-    async fn notifications(
-        &self,
-        rule: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Notification>, StoreError> {
-        postgres::notifications(self.pool(), rule, limit).await
-    }
-
-    async fn record_attempt(&self, notification: &Notification) -> Result<(), StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        postgres::record_attempt(&mut conn, notification).await
-    }
-
-    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        postgres::delete_before(&mut conn, cutoff_unix_nano).await
-    }
-
-    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
-        postgres::rule_specs(self.pool()).await
-    }
-
-    async fn put_alert_rule(
-        &self,
-        name: &str,
-        definition: &str,
-        now_unix_nano: u64,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        postgres::put_rule(&mut conn, name, definition, now_unix_nano).await?;
-        Ok(())
-    }
-
-    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        let deleted = postgres::delete_rule(&mut conn, name).await?;
-        Ok(deleted)
-    }
-
-    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
-        postgres::silences(self.pool()).await
-    }
-
-    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        let id = postgres::put_silence(&mut conn, silence).await?;
-        Ok(id)
-    }
-}
 
 /// What one evaluation pass writes, in one transaction.
 #[derive(Debug, Clone, Default)]
@@ -238,16 +21,6 @@ pub struct AlertWrite {
     pub history: Vec<Instance>,
     /// New notifications to deliver.
     pub notifications: Vec<Notification>,
-}
-
-/// Which history to read, newest first.
-#[derive(Debug, Clone, Default)]
-pub struct HistoryQuery {
-    pub rule: Option<String>,
-    pub service: Option<String>,
-    pub operation: Option<String>,
-    pub since_unix_nano: u64,
-    pub limit: u32,
 }
 
 pub(crate) const INSTANCE_COLUMNS: &str = "rule, service, operation, state, severity, value, \
@@ -446,254 +219,279 @@ pub(crate) fn encode_matchers(silence: &Silence) -> String {
     serde_json::Value::from(texts).to_string()
 }
 
-/// The alert statements, for one sqlx backend `$db`. Reads take the backend's pool (or any
-/// executor); writes take a connection inside the caller's transaction.
-macro_rules! alert_sql {
-    ($db:ty) => {
-        use sqlx::QueryBuilder;
-        use $crate::core::alerts::eval::Instance;
-        use $crate::core::alerts::notify::Notification;
-        use $crate::store::StoreError;
-        use $crate::store::alerts::*;
+#[async_trait]
+impl<B> AlertStore for SqlStore<B>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<i64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredInstance: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredHistory: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredNotification: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredSilence: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, String): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    async fn alert_instances(&self) -> Result<Vec<Instance>, StoreError> {
+        let rows: Vec<StoredInstance> = QueryBuilder::<B::Db>::new(format!(
+            "SELECT {INSTANCE_COLUMNS} FROM alert_instances ORDER BY rule, service, operation"
+        ))
+        .build_query_as()
+        .fetch_all(self.backend.reader())
+        .await?;
+        rows.into_iter().map(StoredInstance::decode).collect()
+    }
 
-        type Conn = <$db as sqlx::Database>::Connection;
-
-        pub(crate) async fn instances<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-        ) -> Result<Vec<Instance>, StoreError> {
-            let rows: Vec<StoredInstance> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {INSTANCE_COLUMNS} FROM alert_instances ORDER BY rule, service, operation"
-            )))
-            .fetch_all(executor)
-            .await?;
-            rows.into_iter().map(StoredInstance::decode).collect()
-        }
-
-        pub(crate) async fn save(conn: &mut Conn, write: &AlertWrite) -> Result<(), StoreError> {
-            for chunk in write.removed.chunks(CHUNK) {
-                let mut q: QueryBuilder<$db> = QueryBuilder::new(
-                    "DELETE FROM alert_instances WHERE (rule, service, operation) IN (",
-                );
-                q.push_values(chunk, |mut b, (rule, service, operation)| {
-                    b.push_bind(rule.as_str())
-                        .push_bind(service.as_str())
-                        .push_bind(operation.as_str());
-                });
-                q.push(")");
-                q.build().execute(&mut *conn).await?;
-            }
-            for chunk in write.instances.chunks(CHUNK) {
-                let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
-                    "INSERT INTO alert_instances ({INSTANCE_COLUMNS}) "
-                ));
-                q.push_values(chunk, |mut b, i| {
-                    b.push_bind(i.rule.as_str())
-                        .push_bind(i.service.as_str())
-                        .push_bind(i.operation.as_str())
-                        .push_bind(i.state.as_str())
-                        .push_bind(i.severity.as_str())
-                        .push_bind(i.value)
-                        .push_bind(i.short_value)
-                        .push_bind(i.threshold)
-                        .push_bind(i.requests)
-                        .push_bind(to_i64(i.active_since))
-                        .push_bind(i.fired_at.map(to_i64))
-                        .push_bind(i.cleared_since.map(to_i64))
-                        .push_bind(i.resolved_at.map(to_i64))
-                        .push_bind(to_i64(i.evaluated_at))
-                        .push_bind(i64::from(i.notified))
-                        .push_bind(i.notified_at.map(to_i64))
-                        .push_bind(i.spent_by.as_ref().map(|(s, o)| format!("{s}\n{o}")));
-                });
-                q.push(INSTANCE_UPSERT);
-                q.build().execute(&mut *conn).await?;
-            }
-            for chunk in write.history.chunks(CHUNK) {
-                let mut q: QueryBuilder<$db> =
-                    QueryBuilder::new(format!("INSERT INTO alert_history ({HISTORY_COLUMNS}) "));
-                q.push_values(chunk, |mut b, i| {
-                    b.push_bind(i.rule.as_str())
-                        .push_bind(i.service.as_str())
-                        .push_bind(i.operation.as_str())
-                        .push_bind(i.state.as_str())
-                        .push_bind(i.severity.as_str())
-                        .push_bind(i.value)
-                        .push_bind(i.short_value)
-                        .push_bind(i.threshold)
-                        .push_bind(i.requests)
-                        .push_bind(to_i64(i.evaluated_at));
-                });
-                q.build().execute(&mut *conn).await?;
-            }
-            for chunk in write.notifications.chunks(CHUNK) {
-                let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
-                    "INSERT INTO alert_notifications ({NOTIFICATION_COLUMNS}) "
-                ));
-                q.push_values(chunk, |mut b, n| {
-                    b.push_bind(to_i64(n.created_unix_nano))
-                        .push_bind(n.receiver.as_str())
-                        .push_bind(n.rule.as_str())
-                        .push_bind(n.service.as_str())
-                        .push_bind(n.operation.as_str())
-                        .push_bind(n.status.as_str())
-                        .push_bind(n.alert.to_string())
-                        .push_bind(n.attempts)
-                        .push_bind(n.next_attempt_unix_nano.map(to_i64))
-                        .push_bind(n.delivered_unix_nano.map(to_i64))
-                        .push_bind(n.last_error.as_str());
-                });
-                q.build().execute(&mut *conn).await?;
-            }
-            Ok(())
-        }
-
-        pub(crate) async fn history<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-            query: &HistoryQuery,
-        ) -> Result<Vec<Instance>, StoreError> {
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
-                "SELECT {HISTORY_COLUMNS} FROM alert_history WHERE evaluated_at >= "
-            ));
-            q.push_bind(to_i64(query.since_unix_nano));
-            for (column, value) in [
-                ("rule", &query.rule),
-                ("service", &query.service),
-                ("operation", &query.operation),
-            ] {
-                if let Some(value) = value {
-                    q.push(format!(" AND {column} = ")).push_bind(value.clone());
-                }
-            }
-            q.push(" ORDER BY evaluated_at DESC, id DESC LIMIT ")
-                .push_bind(i64::from(query.limit));
-            let rows: Vec<StoredHistory> = q.build_query_as().fetch_all(executor).await?;
-            rows.into_iter().map(StoredHistory::decode).collect()
-        }
-
-        pub(crate) async fn due_notifications<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-            now: u64,
-            limit: u32,
-        ) -> Result<Vec<Notification>, StoreError> {
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
-                "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications \
-                 WHERE next_attempt_unix_nano <= "
-            ));
-            q.push_bind(to_i64(now))
-                .push(" ORDER BY next_attempt_unix_nano, id LIMIT ")
-                .push_bind(i64::from(limit));
-            let rows: Vec<StoredNotification> = q.build_query_as().fetch_all(executor).await?;
-            rows.into_iter().map(StoredNotification::decode).collect()
-        }
-
-        pub(crate) async fn notifications<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-            rule: Option<&str>,
-            limit: u32,
-        ) -> Result<Vec<Notification>, StoreError> {
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(format!(
-                "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications"
-            ));
-            if let Some(rule) = rule {
-                q.push(" WHERE rule = ").push_bind(rule.to_string());
-            }
-            q.push(" ORDER BY id DESC LIMIT ").push_bind(i64::from(limit));
-            let rows: Vec<StoredNotification> = q.build_query_as().fetch_all(executor).await?;
-            rows.into_iter().map(StoredNotification::decode).collect()
-        }
-
-        pub(crate) async fn record_attempt(
-            conn: &mut Conn,
-            n: &Notification,
-        ) -> Result<(), StoreError> {
-            let mut q: QueryBuilder<$db> =
-                QueryBuilder::new("UPDATE alert_notifications SET attempts = ");
-            q.push_bind(n.attempts)
-                .push(", next_attempt_unix_nano = ")
-                .push_bind(n.next_attempt_unix_nano.map(to_i64))
-                .push(", delivered_unix_nano = ")
-                .push_bind(n.delivered_unix_nano.map(to_i64))
-                .push(", last_error = ")
-                .push_bind(n.last_error.as_str())
-                .push(" WHERE id = ")
-                .push_bind(n.id);
-            q.build().execute(&mut *conn).await?;
-            Ok(())
-        }
-
-        /// (name, definition) of the rules stored by the UI or the API, by name.
-        pub(crate) async fn rule_specs<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-        ) -> Result<Vec<(String, String)>, StoreError> {
-            Ok(sqlx::query_as("SELECT name, definition FROM alert_rules ORDER BY name")
-                .fetch_all(executor)
-                .await?)
-        }
-
-        pub(crate) async fn put_rule(
-            conn: &mut Conn,
-            name: &str,
-            definition: &str,
-            now: u64,
-        ) -> Result<(), StoreError> {
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(
-                "INSERT INTO alert_rules (name, definition, updated_unix_nano) VALUES (",
+    async fn save_alerts(&self, write: &AlertWrite) -> Result<(), StoreError> {
+        let mut writer = self.backend.writer().await?;
+        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+        for chunk in write.removed.chunks(CHUNK) {
+            let mut q = QueryBuilder::<B::Db>::new(
+                "DELETE FROM alert_instances WHERE (rule, service, operation) IN (",
             );
-            q.push_bind(name.to_string())
-                .push(", ")
-                .push_bind(definition.to_string())
-                .push(", ")
-                .push_bind(to_i64(now))
-                .push(
-                    ") ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, \
-                     updated_unix_nano = excluded.updated_unix_nano",
-                );
-            q.build().execute(&mut *conn).await?;
-            Ok(())
+            q.push_values(chunk, |mut b, (rule, service, operation)| {
+                b.push_bind(rule.clone())
+                    .push_bind(service.clone())
+                    .push_bind(operation.clone());
+            });
+            q.push(")");
+            q.build().execute(&mut *tx).await?;
         }
-
-        pub(crate) async fn delete_rule(conn: &mut Conn, name: &str) -> Result<bool, StoreError> {
-            let mut q: QueryBuilder<$db> =
-                QueryBuilder::new("DELETE FROM alert_rules WHERE name = ");
-            q.push_bind(name.to_string());
-            Ok(q.build().execute(&mut *conn).await?.rows_affected() > 0)
+        for chunk in write.instances.chunks(CHUNK) {
+            let mut q = QueryBuilder::<B::Db>::new(format!(
+                "INSERT INTO alert_instances ({INSTANCE_COLUMNS}) "
+            ));
+            q.push_values(chunk, |mut b, i| {
+                b.push_bind(i.rule.clone())
+                    .push_bind(i.service.clone())
+                    .push_bind(i.operation.clone())
+                    .push_bind(i.state.as_str().to_string())
+                    .push_bind(i.severity.as_str().to_string())
+                    .push_bind(i.value)
+                    .push_bind(i.short_value)
+                    .push_bind(i.threshold)
+                    .push_bind(i.requests)
+                    .push_bind(to_i64(i.active_since))
+                    .push_bind(i.fired_at.map(to_i64))
+                    .push_bind(i.cleared_since.map(to_i64))
+                    .push_bind(i.resolved_at.map(to_i64))
+                    .push_bind(to_i64(i.evaluated_at))
+                    .push_bind(i64::from(i.notified))
+                    .push_bind(i.notified_at.map(to_i64))
+                    .push_bind(i.spent_by.as_ref().map(|(s, o)| format!("{s}\n{o}")));
+            });
+            q.push(INSTANCE_UPSERT);
+            q.build().execute(&mut *tx).await?;
         }
-
-        pub(crate) async fn silences<'e>(
-            executor: impl sqlx::Executor<'e, Database = $db>,
-        ) -> Result<Vec<Silence>, StoreError> {
-            let rows: Vec<StoredSilence> = sqlx::query_as(
-                "SELECT id, matchers, starts_unix_nano, ends_unix_nano, comment, created_by, \
-                 created_unix_nano FROM alert_silences ORDER BY id DESC",
-            )
-            .fetch_all(executor)
-            .await?;
-            rows.into_iter().map(StoredSilence::decode).collect()
+        for chunk in write.history.chunks(CHUNK) {
+            let mut q = QueryBuilder::<B::Db>::new(format!(
+                "INSERT INTO alert_history ({HISTORY_COLUMNS}) "
+            ));
+            q.push_values(chunk, |mut b, i| {
+                b.push_bind(i.rule.clone())
+                    .push_bind(i.service.clone())
+                    .push_bind(i.operation.clone())
+                    .push_bind(i.state.as_str().to_string())
+                    .push_bind(i.severity.as_str().to_string())
+                    .push_bind(i.value)
+                    .push_bind(i.short_value)
+                    .push_bind(i.threshold)
+                    .push_bind(i.requests)
+                    .push_bind(to_i64(i.evaluated_at));
+            });
+            q.build().execute(&mut *tx).await?;
         }
+        for chunk in write.notifications.chunks(CHUNK) {
+            let mut q = QueryBuilder::<B::Db>::new(format!(
+                "INSERT INTO alert_notifications ({NOTIFICATION_COLUMNS}) "
+            ));
+            q.push_values(chunk, |mut b, n| {
+                b.push_bind(to_i64(n.created_unix_nano))
+                    .push_bind(n.receiver.clone())
+                    .push_bind(n.rule.clone())
+                    .push_bind(n.service.clone())
+                    .push_bind(n.operation.clone())
+                    .push_bind(n.status.clone())
+                    .push_bind(n.alert.to_string())
+                    .push_bind(n.attempts)
+                    .push_bind(n.next_attempt_unix_nano.map(to_i64))
+                    .push_bind(n.delivered_unix_nano.map(to_i64))
+                    .push_bind(n.last_error.clone());
+            });
+            q.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        writer.done();
+        Ok(())
+    }
 
-        /// Inserts a silence (id 0) or updates one; returns its id.
-        pub(crate) async fn put_silence(
-            conn: &mut Conn,
-            silence: &Silence,
-        ) -> Result<i64, StoreError> {
-            if silence.id != 0 {
-                let mut q: QueryBuilder<$db> =
-                    QueryBuilder::new("UPDATE alert_silences SET matchers = ");
-                q.push_bind(encode_matchers(silence))
-                    .push(", starts_unix_nano = ")
-                    .push_bind(to_i64(silence.starts_unix_nano))
-                    .push(", ends_unix_nano = ")
-                    .push_bind(to_i64(silence.ends_unix_nano))
-                    .push(", comment = ")
-                    .push_bind(silence.comment.clone())
-                    .push(" WHERE id = ")
-                    .push_bind(silence.id);
-                q.build().execute(&mut *conn).await?;
-                return Ok(silence.id);
+    async fn alert_history(&self, query: &HistoryQuery) -> Result<Vec<Instance>, StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new(format!(
+            "SELECT {HISTORY_COLUMNS} FROM alert_history WHERE evaluated_at >= "
+        ));
+        q.push_bind(to_i64(query.since_unix_nano));
+        for (column, value) in [
+            ("rule", &query.rule),
+            ("service", &query.service),
+            ("operation", &query.operation),
+        ] {
+            if let Some(value) = value {
+                q.push(format!(" AND {column} = ")).push_bind(value.clone());
             }
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(
-                "INSERT INTO alert_silences (matchers, starts_unix_nano, ends_unix_nano, comment, \
-                 created_by, created_unix_nano) ",
+        }
+        q.push(" ORDER BY evaluated_at DESC, id DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows: Vec<StoredHistory> = q.build_query_as().fetch_all(self.backend.reader()).await?;
+        rows.into_iter().map(StoredHistory::decode).collect()
+    }
+
+    async fn due_notifications(
+        &self,
+        now_unix_nano: u64,
+        limit: u32,
+    ) -> Result<Vec<Notification>, StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new(format!(
+            "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications \
+             WHERE next_attempt_unix_nano <= "
+        ));
+        q.push_bind(to_i64(now_unix_nano))
+            .push(" ORDER BY next_attempt_unix_nano, id LIMIT ")
+            .push_bind(i64::from(limit));
+        let rows: Vec<StoredNotification> =
+            q.build_query_as().fetch_all(self.backend.reader()).await?;
+        rows.into_iter().map(StoredNotification::decode).collect()
+    }
+
+    async fn notifications(
+        &self,
+        query: &NotificationQuery<'_>,
+    ) -> Result<Vec<Notification>, StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new(format!(
+            "SELECT id, {NOTIFICATION_COLUMNS} FROM alert_notifications"
+        ));
+        if let Some(rule) = query.rule {
+            q.push(" WHERE rule = ").push_bind(rule.to_string());
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows: Vec<StoredNotification> =
+            q.build_query_as().fetch_all(self.backend.reader()).await?;
+        rows.into_iter().map(StoredNotification::decode).collect()
+    }
+
+    async fn record_attempt(&self, n: &Notification) -> Result<(), StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new("UPDATE alert_notifications SET attempts = ");
+        q.push_bind(n.attempts)
+            .push(", next_attempt_unix_nano = ")
+            .push_bind(n.next_attempt_unix_nano.map(to_i64))
+            .push(", delivered_unix_nano = ")
+            .push_bind(n.delivered_unix_nano.map(to_i64))
+            .push(", last_error = ")
+            .push_bind(n.last_error.clone())
+            .push(" WHERE id = ")
+            .push_bind(n.id);
+        let mut writer = self.backend.writer().await?;
+        q.build().execute(&mut *writer).await?;
+        writer.done();
+        Ok(())
+    }
+
+    async fn delete_alerts_before(&self, cutoff_unix_nano: u64) -> Result<u64, StoreError> {
+        let cutoff = to_i64(cutoff_unix_nano);
+        let mut writer = self.backend.writer().await?;
+        let mut deleted = 0;
+        for statement in [
+            "DELETE FROM alert_history WHERE evaluated_at < ",
+            "DELETE FROM alert_notifications WHERE next_attempt_unix_nano IS NULL AND created_unix_nano < ",
+            "DELETE FROM alert_silences WHERE ends_unix_nano < ",
+        ] {
+            let mut q = QueryBuilder::<B::Db>::new(statement);
+            q.push_bind(cutoff);
+            deleted += B::rows_affected(&q.build().execute(&mut *writer).await?);
+        }
+        writer.done();
+        Ok(deleted)
+    }
+
+    async fn alert_rule_specs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        Ok(
+            QueryBuilder::<B::Db>::new("SELECT name, definition FROM alert_rules ORDER BY name")
+                .build_query_as()
+                .fetch_all(self.backend.reader())
+                .await?,
+        )
+    }
+
+    async fn put_alert_rule(
+        &self,
+        name: &str,
+        definition: &str,
+        now_unix_nano: u64,
+    ) -> Result<(), StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new(
+            "INSERT INTO alert_rules (name, definition, updated_unix_nano) VALUES (",
+        );
+        q.push_bind(name.to_string())
+            .push(", ")
+            .push_bind(definition.to_string())
+            .push(", ")
+            .push_bind(to_i64(now_unix_nano))
+            .push(
+                ") ON CONFLICT (name) DO UPDATE SET definition = excluded.definition, \
+                 updated_unix_nano = excluded.updated_unix_nano",
+            );
+        let mut writer = self.backend.writer().await?;
+        q.build().execute(&mut *writer).await?;
+        writer.done();
+        Ok(())
+    }
+
+    async fn delete_alert_rule(&self, name: &str) -> Result<bool, StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new("DELETE FROM alert_rules WHERE name = ");
+        q.push_bind(name.to_string());
+        let mut writer = self.backend.writer().await?;
+        let deleted = B::rows_affected(&q.build().execute(&mut *writer).await?) > 0;
+        writer.done();
+        Ok(deleted)
+    }
+
+    async fn silences(&self) -> Result<Vec<Silence>, StoreError> {
+        let rows: Vec<StoredSilence> = QueryBuilder::<B::Db>::new(
+            "SELECT id, matchers, starts_unix_nano, ends_unix_nano, comment, created_by, \
+             created_unix_nano FROM alert_silences ORDER BY id DESC",
+        )
+        .build_query_as()
+        .fetch_all(self.backend.reader())
+        .await?;
+        rows.into_iter().map(StoredSilence::decode).collect()
+    }
+
+    async fn put_silence(&self, silence: &Silence) -> Result<i64, StoreError> {
+        let mut writer = self.backend.writer().await?;
+        let id = if silence.id != 0 {
+            let mut q = QueryBuilder::<B::Db>::new("UPDATE alert_silences SET matchers = ");
+            q.push_bind(encode_matchers(silence))
+                .push(", starts_unix_nano = ")
+                .push_bind(to_i64(silence.starts_unix_nano))
+                .push(", ends_unix_nano = ")
+                .push_bind(to_i64(silence.ends_unix_nano))
+                .push(", comment = ")
+                .push_bind(silence.comment.clone())
+                .push(" WHERE id = ")
+                .push_bind(silence.id);
+            q.build().execute(&mut *writer).await?;
+            silence.id
+        } else {
+            let mut q = QueryBuilder::<B::Db>::new(
+                "INSERT INTO alert_silences (matchers, starts_unix_nano, ends_unix_nano, \
+                 comment, created_by, created_unix_nano) ",
             );
             q.push_values([silence], |mut b, s| {
                 b.push_bind(encode_matchers(s))
@@ -704,38 +502,10 @@ macro_rules! alert_sql {
                     .push_bind(to_i64(s.created_unix_nano));
             });
             q.push(" RETURNING id");
-            let (id,): (i64,) = q.build_query_as().fetch_one(&mut *conn).await?;
-            Ok(id)
-        }
-
-        /// Deletes history and finished notifications older than the cutoff.
-        pub(crate) async fn delete_before(
-            conn: &mut Conn,
-            cutoff_unix_nano: u64,
-        ) -> Result<u64, StoreError> {
-            let cutoff = to_i64(cutoff_unix_nano);
-            let mut q: QueryBuilder<$db> =
-                QueryBuilder::new("DELETE FROM alert_history WHERE evaluated_at < ");
-            q.push_bind(cutoff);
-            let mut deleted = q.build().execute(&mut *conn).await?.rows_affected();
-            let mut q: QueryBuilder<$db> = QueryBuilder::new(
-                "DELETE FROM alert_notifications WHERE next_attempt_unix_nano IS NULL AND created_unix_nano < ",
-            );
-            q.push_bind(cutoff);
-            deleted += q.build().execute(&mut *conn).await?.rows_affected();
-            let mut q: QueryBuilder<$db> =
-                QueryBuilder::new("DELETE FROM alert_silences WHERE ends_unix_nano < ");
-            q.push_bind(cutoff);
-            deleted += q.build().execute(&mut *conn).await?.rows_affected();
-            Ok(deleted)
-        }
-    };
-}
-
-pub(crate) mod sqlite {
-    alert_sql!(sqlx::Sqlite);
-}
-
-pub(crate) mod postgres {
-    alert_sql!(sqlx::Postgres);
+            let (id,): (i64,) = q.build_query_as().fetch_one(&mut *writer).await?;
+            id
+        };
+        writer.done();
+        Ok(id)
+    }
 }

@@ -1,13 +1,46 @@
-//! The `leases` table (`crate::pipeline::lease`), written once for both stores.
+//! The `leases` table (`crate::pipeline::lease`) for both databases (`LeaseStore`).
 
+use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
-use super::StoreError;
+use super::backend::{Backend, SqlStore, Writer as _};
+use super::{LeaseStore, StoreError};
+
+#[async_trait]
+impl<B> LeaseStore for SqlStore<B>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+{
+    async fn hold_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: u64,
+        until: u64,
+    ) -> Result<bool, StoreError> {
+        let mut writer = self.backend.writer().await?;
+        let held = hold::<B::Db>(&mut writer, name, holder, now, until).await?;
+        writer.done();
+        Ok(held)
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let mut writer = self.backend.writer().await?;
+        release::<B::Db>(&mut writer, name, holder).await?;
+        writer.done();
+        Ok(())
+    }
+}
 
 /// Takes or renews the lease `name` for `holder` until `until` when it is free, expired at
 /// `now`, or `holder`'s already; returns whether `holder` holds it. One statement, so two
 /// servers asking at once cannot both get it.
-pub(crate) async fn hold<DB: Database>(
+async fn hold<DB: Database>(
     conn: &mut DB::Connection,
     name: &str,
     holder: &str,
@@ -41,7 +74,7 @@ where
 }
 
 /// Gives up the lease `name` if `holder` holds it.
-pub(crate) async fn release<DB: Database>(
+async fn release<DB: Database>(
     conn: &mut DB::Connection,
     name: &str,
     holder: &str,

@@ -5,38 +5,19 @@
 //! after Postgres flushed its WAL (the server's `synchronous_commit`), so acknowledged
 //! spans survive a crash of either process.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Postgres;
+use sqlx::QueryBuilder;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use super::{
-    EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
-    Within, decode_operations, decode_rows,
-};
-use futures_util::TryStreamExt as _;
-use sqlx::Postgres;
-
-use super::decode_positions;
-use super::leases;
-use super::query::{
-    AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
-};
-use super::query::{Cursor, StaleQuery};
-use super::reported::{StoredReported, add_reported, reported_query};
-use super::rollup::StoredRollup;
-use super::summaries::{
-    Dialect, Replace, delete_summaries_before, stale_count, stale_query, write_summaries,
-};
-use super::{CLAIM, decode_counts, decode_marks, rollup_ranges};
+use super::backend::{Backend, Writer};
+use super::query::{AttrFilter, AttrOperand, Cursor};
+use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
+use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
-use crate::core::analyze::AnalysisVersion;
-use crate::core::analyze::hops::HopSample;
-use crate::core::analyze::hops::Rollup;
-use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
-use crate::core::analyze::summary::TraceSummary;
-use crate::core::model::{Span, TraceId};
+use crate::core::model::TraceId;
 
 const INSERT_SPANS: &str = "INSERT INTO spans (trace_id, span_id, parent_span_id, service, name, kind, \
      start_unix_nano, end_unix_nano, status_code, status_message, budget_ms, budget_source, \
@@ -57,7 +38,7 @@ const MARK_DIRTY: &str = "INSERT INTO dirty_traces (trace_id, received_unix_nano
      ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano, \
      claimed_until = 0";
 
-pub struct PostgresStore {
+pub struct PostgresBackend {
     pool: PgPool,
     /// Names this store's claims on traces (`quiet_traces`): it takes its own back at once.
     claimant: i64,
@@ -84,11 +65,7 @@ fn first_connection(error: &sqlx::Error) -> String {
 /// Summaries written before the first statistics refresh.
 const FIRST_ANALYZE_AT: u64 = 10_000;
 
-impl PostgresStore {
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
+impl PostgresBackend {
     /// Connects and runs migrations. The URL may choose a schema with
     /// `?options[search_path]=NAME` (the schema must exist).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -118,7 +95,7 @@ impl PostgresStore {
             .connect(url)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        Ok(PostgresStore {
+        Ok(PostgresBackend {
             claimant: rand::random(),
             pool,
             summaries_written: 0.into(),
@@ -310,119 +287,49 @@ fn write_csv_row(out: &mut Vec<u8>, row: &SpanRow) {
 }
 
 #[async_trait]
-impl Store for PostgresStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
+impl Backend for PostgresBackend {
+    type Db = Postgres;
+    type Writer<'a> = PoolWriter;
+
+    const NAME: &'static str = "postgres";
+    const MARKS: &'static str = "dirty_traces";
+    const ROLLUP_CHUNK: usize = 2000;
+    /// Several servers sharing the database write summaries one at a time (a lock held
+    /// until the transaction ends), so none loses another's rollup counts.
+    const WRITERS_LOCK: &'static str = "SELECT pg_advisory_xact_lock(7102455)";
+    const SUBSTRING: &'static str = "strpos";
+
+    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
+        result.rows_affected()
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+    fn reader(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn writer(&self) -> Result<PoolWriter, StoreError> {
+        Ok(PoolWriter(self.pool.acquire().await?))
     }
 
     async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
         self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
             .await
     }
 
-    async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
-        let rows: Vec<StoredRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = $1 ORDER BY start_unix_nano, span_id"
-        )))
-        .bind(trace_id.0.as_slice())
-        .fetch_all(&self.pool)
-        .await?;
-        decode_rows(rows)
-    }
-
-    async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
-        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
-        let rows: Vec<StoredRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = ANY($1)"
-        )))
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await?;
-        decode_rows(rows)
-    }
-
-    async fn traces_within(
-        &self,
-        trace_ids: &[TraceId],
-        max_bytes: u64,
-    ) -> Result<(Vec<Span>, u64), StoreError> {
-        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
-        let query =
-            format!("SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id = ANY($1) ORDER BY trace_id");
-        let mut rows = sqlx::query_as::<_, StoredRow>(sqlx::AssertSqlSafe(query))
-            .bind(ids)
-            .fetch(&self.pool);
-        let mut within = Within::new(max_bytes);
-        while let Some(row) = rows.try_next().await? {
-            if !within.push(row)? {
-                break;
-            }
-        }
-        Ok(within.finish())
-    }
-
-    async fn span_counts(
-        &self,
-        trace_ids: &[TraceId],
-    ) -> Result<HashMap<TraceId, u64>, StoreError> {
-        let ids: Vec<Vec<u8>> = trace_ids.iter().map(|id| id.0.to_vec()).collect();
-        let rows = sqlx::query_as(
-            "SELECT trace_id, count(*) FROM spans WHERE trace_id = ANY($1) GROUP BY trace_id",
-        )
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await?;
-        decode_counts(rows)
-    }
-
-    async fn services(&self) -> Result<Vec<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
-                .fetch_all(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError> {
-        let rows: Vec<(String, i16)> = sqlx::query_as(
-            "SELECT name, kind FROM operations WHERE service = $1 ORDER BY name, kind",
-        )
-        .bind(service)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(decode_operations(rows))
-    }
-
-    async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
-        let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
-        let mut tx = self.pool.begin().await?;
-        let deleted = sqlx::query(
+    async fn delete_spans(
+        conn: &mut sqlx::PgConnection,
+        cutoff: i64,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
             "DELETE FROM spans WHERE ctid IN \
              (SELECT ctid FROM spans WHERE start_unix_nano < $1 LIMIT $2)",
         )
         .bind(cutoff)
         .bind(i64::from(limit))
-        .execute(&mut *tx)
+        .execute(conn)
         .await?
-        .rows_affected();
-        delete_summaries_before::<Postgres>(&mut tx, cutoff, limit).await?;
-        tx.commit().await?;
-        Ok(deleted)
-    }
-
-    async fn span_count(&self) -> Result<u64, StoreError> {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(count as u64)
+        .rows_affected())
     }
 
     async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
@@ -460,159 +367,64 @@ impl Store for PostgresStore {
         decode_marks(rows)
     }
 
-    async fn write_summaries(
-        &self,
-        traces: &[(TraceSummary, Vec<HopSample>)],
-        analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let minutes =
-            write_summaries::<Postgres>(&mut tx, &DIALECT, traces, Replace::Marked(analysed))
-                .await?;
-        tx.commit().await?;
-        self.refresh_statistics(traces.len() as u64).await;
-        Ok(minutes)
+    async fn summaries_written(&self, count: u64) {
+        self.refresh_statistics(count).await;
     }
 
-    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
-        let rows: Vec<(Vec<u8>, i64)> = stale_query::<Postgres>(query)
-            .build_query_as()
-            .fetch_all(&self.pool)
-            .await?;
-        decode_positions(rows)
+    fn push_after(q: &mut QueryBuilder<Postgres>, order: &str, cursor: Cursor) {
+        let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
+        q.push(format!(
+            " AND ({order}.start_unix_nano, {order}.trace_id) < ("
+        ))
+        .push_bind(start)
+        .push(", ")
+        .push_bind(cursor.trace_id.0.to_vec())
+        .push(")");
     }
 
-    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError> {
-        let (count,): (i64,) = stale_count::<Postgres>(version)
-            .build_query_as()
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(count.max(0) as u64)
-    }
-
-    async fn rewrite_summaries(
-        &self,
-        traces: &[(TraceSummary, Vec<HopSample>)],
-        version: AnalysisVersion,
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let minutes =
-            write_summaries::<Postgres>(&mut tx, &DIALECT, traces, Replace::Stale(version)).await?;
-        tx.commit().await?;
-        Ok(minutes)
-    }
-
-    async fn hop_rollups(
-        &self,
-        since_unix_nano: u64,
-        until_unix_nano: u64,
-        service: Option<&str>,
-        operation: Option<&str>,
-        hourly: bool,
-    ) -> Result<Vec<HopRollupRow>, StoreError> {
-        let mut rows = Vec::new();
-        for (table, since, until) in rollup_ranges(since_unix_nano, until_unix_nano, hourly) {
-            let mut q = rollup_query::<Postgres>(table, since, until, service, operation);
-            let found: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.pool).await?;
-            rows.extend(found.into_iter().map(StoredRollup::decode));
-        }
-        Ok(rows)
-    }
-
-    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        add_reported::<Postgres>(&mut tx, rows).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn reported(
-        &self,
-        since_unix_nano: u64,
-        until_unix_nano: u64,
-        service: Option<&str>,
-        operation: Option<&str>,
-        by_minute: bool,
-    ) -> Result<Vec<ReportedRow>, StoreError> {
-        let mut q = reported_query::<Postgres>(
-            since_unix_nano,
-            until_unix_nano,
-            service,
-            operation,
-            by_minute,
-        );
-        let found: Vec<StoredReported> = q.build_query_as().fetch_all(&self.pool).await?;
-        let range_start = (!by_minute).then_some(since_unix_nano);
-        Ok(found
-            .into_iter()
-            .map(|row| row.decode(range_start))
-            .collect())
-    }
-
-    async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        // Drive from the index of the most selective term when there is one (newest first
-        // through the primary key); otherwise from the summaries' start index.
-        let (mut q, order) = start_search::<Postgres>(query, "strpos");
-        if let Some(cursor) = query.cursor {
-            let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
-            q.push(format!(
-                " AND ({order}.start_unix_nano, {order}.trace_id) < ("
-            ))
-            .push_bind(start)
-            .push(", ")
-            .push_bind(cursor.trace_id.0.to_vec())
-            .push(")");
-        }
-        for filter in &query.attrs {
-            q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND ");
-            match &filter.value {
-                AttrOperand::Number(n) => {
-                    q.push("CASE WHEN jsonb_typeof(sp.attributes::jsonb -> ")
-                        .push_bind(filter.key.clone())
-                        .push(") = 'number' THEN (sp.attributes::jsonb ->> ")
-                        .push_bind(filter.key.clone())
-                        .push(")::float8 END ")
-                        .push(filter.op.sql())
-                        .push(" ")
-                        .push_bind(*n);
-                }
-                AttrOperand::Text(t) => {
-                    q.push("(sp.attributes::jsonb ->> ")
-                        .push_bind(filter.key.clone())
-                        .push(") ")
-                        .push(filter.op.sql())
-                        .push(" ")
-                        .push_bind(t.clone());
-                }
+    fn push_attr_filter(q: &mut QueryBuilder<Postgres>, filter: &AttrFilter) {
+        q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND ");
+        match &filter.value {
+            AttrOperand::Number(n) => {
+                q.push("CASE WHEN jsonb_typeof(sp.attributes::jsonb -> ")
+                    .push_bind(filter.key.clone())
+                    .push(") = 'number' THEN (sp.attributes::jsonb ->> ")
+                    .push_bind(filter.key.clone())
+                    .push(")::float8 END ")
+                    .push(filter.op.sql())
+                    .push(" ")
+                    .push_bind(*n);
             }
-            q.push(")");
+            AttrOperand::Text(t) => {
+                q.push("(sp.attributes::jsonb ->> ")
+                    .push_bind(filter.key.clone())
+                    .push(") ")
+                    .push(filter.op.sql())
+                    .push(" ")
+                    .push_bind(t.clone());
+            }
         }
-        finish_search(&mut q, order, query.limit);
-        let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.pool).await?;
-        rows.into_iter().map(StoredSummary::decode).collect()
-    }
-
-    async fn hold_lease(
-        &self,
-        name: &str,
-        holder: &str,
-        now: u64,
-        until: u64,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        leases::hold::<Postgres>(&mut conn, name, holder, now, until).await
-    }
-
-    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        leases::release::<Postgres>(&mut conn, name, holder).await
+        q.push(")");
     }
 }
 
-/// Several servers sharing the database write summaries one at a time (a lock held until
-/// the transaction ends), so none loses another's rollup counts.
-const DIALECT: Dialect = Dialect {
-    marks: "dirty_traces",
-    rollup_chunk: 2000,
-    writers_lock: "SELECT pg_advisory_xact_lock(7102455)",
-};
+/// A pooled connection for one write: back to the pool when dropped.
+pub struct PoolWriter(sqlx::pool::PoolConnection<Postgres>);
+
+impl std::ops::Deref for PoolWriter {
+    type Target = sqlx::PgConnection;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PoolWriter {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Writer<Postgres> for PoolWriter {
+    fn done(&mut self) {}
+}

@@ -115,6 +115,47 @@ pub struct TraceQuery {
     pub cursor: Option<Cursor>,
 }
 
+/// Hop rollups of `[since, until)` (minute-aligned), optionally of one service or operation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollupQuery<'a> {
+    pub since_unix_nano: u64,
+    pub until_unix_nano: u64,
+    pub service: Option<&'a str>,
+    pub operation: Option<&'a str>,
+    /// Whole hours inside the range come as one row per hour (`minute_unix_nano` is then
+    /// the hour's start) and only the edges as minute rows.
+    pub hourly: bool,
+}
+
+/// The hops' deadline metrics of `[since, until)` (minute-aligned), optionally of one
+/// service or operation: each hop's sum over the range (each row's minute is `since`), or
+/// each minute's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MetricsQuery<'a> {
+    pub since_unix_nano: u64,
+    pub until_unix_nano: u64,
+    pub service: Option<&'a str>,
+    pub operation: Option<&'a str>,
+    pub per_minute: bool,
+}
+
+/// Which alert history to read, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    pub rule: Option<String>,
+    pub service: Option<String>,
+    pub operation: Option<String>,
+    pub since_unix_nano: u64,
+    pub limit: u32,
+}
+
+/// The delivery log, newest first: every rule's, or one's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotificationQuery<'a> {
+    pub rule: Option<&'a str>,
+    pub limit: u32,
+}
+
 /// Summaries analysed with other rules or another τ than `version`, newest first: the
 /// re-analysis of stored traces after an upgrade. Pages continue `after` a position.
 #[derive(Debug, Clone, Copy, PartialEq)]

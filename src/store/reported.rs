@@ -5,6 +5,7 @@
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
+use super::query::MetricsQuery;
 use crate::core::analyze::hops::{Reported, ReportedRow};
 
 /// Rows per statement: 9 parameters each, within SQLite's 32,766 and Postgres's 65,535.
@@ -89,19 +90,13 @@ impl StoredReported {
     }
 }
 
-/// The query of each hop's metrics summed over `[since, until)`, or per minute when
-/// `by_minute`, optionally of one service or operation, as `StoredReported` rows.
-pub(crate) fn reported_query<DB: Database>(
-    since: u64,
-    until: u64,
-    service: Option<&str>,
-    operation: Option<&str>,
-    by_minute: bool,
-) -> QueryBuilder<DB>
+/// The query of `MetricsQuery`, as `StoredReported` rows.
+pub(crate) fn reported_query<DB: Database>(query: &MetricsQuery<'_>) -> QueryBuilder<DB>
 where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
+    let by_minute = query.per_minute;
     let minute = if by_minute {
         "minute_unix_nano"
     } else {
@@ -118,7 +113,13 @@ where
          SUM(remaining_sum_ms) AS remaining_sum_ms \
          FROM hop_metrics WHERE "
     ));
-    super::query::push_hop_minutes(&mut q, since, until, service, operation);
+    super::query::push_hop_minutes(
+        &mut q,
+        query.since_unix_nano,
+        query.until_unix_nano,
+        query.service,
+        query.operation,
+    );
     q.push(if by_minute {
         " GROUP BY service, operation, minute_unix_nano \
          ORDER BY service, operation, minute_unix_nano"

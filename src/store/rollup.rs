@@ -1,13 +1,18 @@
-//! Hop rollups as rows, shared by both stores: decoding, and the deltas a batch of
-//! (re-)analysed traces makes to them.
+//! Per-hop statistics for both databases (`RollupStore`): hop rollups as rows (decoding,
+//! the deltas a batch of (re-)analysed traces makes to them, whole hours read from the
+//! hourly table) and the deadline metrics (`reported.rs`).
 
 use std::collections::BTreeMap;
 
-use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
+use async_trait::async_trait;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
-use super::StoreError;
+use super::backend::{Backend, SqlStore, Writer as _};
+use super::query::{MetricsQuery, RollupQuery, rollup_query};
+use super::reported::{StoredReported, add_reported, reported_query};
+use super::{RollupStore, StoreError};
 use crate::core::analyze::hops::{
-    COUNTED, Histogram, HopRollupRow, HopSample, Rollup, RollupKey, minute_of,
+    COUNTED, Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
@@ -23,6 +28,71 @@ pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute
      dropped = excluded.dropped, doomed = excluded.doomed, refused = excluded.refused, \
      retry = excluded.retry, origin = excluded.origin, wasted_ms = excluded.wasted_ms, budget_hist = excluded.budget_hist, \
      burn_hist = excluded.burn_hist, self_hist = excluded.self_hist";
+
+#[async_trait]
+impl<B> RollupStore for SqlStore<B>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredReported: FromRow<'r, <B::Db as Database>::Row>,
+{
+    async fn hop_rollups(&self, query: &RollupQuery<'_>) -> Result<Vec<HopRollupRow>, StoreError> {
+        let mut rows = Vec::new();
+        for (table, since, until) in
+            rollup_ranges(query.since_unix_nano, query.until_unix_nano, query.hourly)
+        {
+            let mut q = rollup_query::<B::Db>(table, since, until, query.service, query.operation);
+            let found: Vec<StoredRollup> =
+                q.build_query_as().fetch_all(self.backend.reader()).await?;
+            rows.extend(found.into_iter().map(StoredRollup::decode));
+        }
+        Ok(rows)
+    }
+
+    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {
+        let mut writer = self.backend.writer().await?;
+        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+        add_reported::<B::Db>(&mut tx, rows).await?;
+        tx.commit().await?;
+        writer.done();
+        Ok(())
+    }
+
+    async fn reported(&self, query: &MetricsQuery<'_>) -> Result<Vec<ReportedRow>, StoreError> {
+        let mut q = reported_query::<B::Db>(query);
+        let found: Vec<StoredReported> =
+            q.build_query_as().fetch_all(self.backend.reader()).await?;
+        let range_start = (!query.per_minute).then_some(query.since_unix_nano);
+        Ok(found
+            .into_iter()
+            .map(|row| row.decode(range_start))
+            .collect())
+    }
+}
+
+/// Splits `[since, until)` into the rollup tables and ranges to read: whole hours from
+/// `hop_rollups_hourly`, the edges from `hop_rollups`.
+fn rollup_ranges(since: u64, until: u64, hourly: bool) -> Vec<(&'static str, u64, u64)> {
+    let first_hour = since.div_ceil(HOUR_NANOS) * HOUR_NANOS;
+    let last_hour = until - until % HOUR_NANOS;
+    if !hourly || first_hour >= last_hour {
+        return vec![("hop_rollups", since, until)];
+    }
+    let mut ranges = vec![("hop_rollups_hourly", first_hour, last_hour)];
+    if since < first_hour {
+        ranges.push(("hop_rollups", since, first_hour));
+    }
+    if last_hour < until {
+        ranges.push(("hop_rollups", last_hour, until));
+    }
+    ranges
+}
 
 pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
     counts
@@ -94,7 +164,7 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
 }
 
 #[derive(sqlx::FromRow)]
-pub(crate) struct StoredRollup {
+pub struct StoredRollup {
     pub service: String,
     pub operation: String,
     pub minute_unix_nano: i64,
@@ -383,5 +453,32 @@ mod tests {
         let migration = include_str!("../../migrations/postgres/0009_hops_in_summaries.sql");
         sqlx::raw_sql(migration).execute(&mut db).await.unwrap();
         check_migrated(sqlx::query_as(MIGRATED).fetch_all(&mut db).await.unwrap());
+    }
+
+    #[test]
+    fn whole_hours_come_from_the_hourly_table_and_edges_from_minutes() {
+        let minute = 60_000_000_000;
+        let since = 10 * HOUR_NANOS + 25 * minute;
+        let until = 14 * HOUR_NANOS + 5 * minute;
+        assert_eq!(
+            rollup_ranges(since, until, true),
+            [
+                ("hop_rollups_hourly", 11 * HOUR_NANOS, 14 * HOUR_NANOS),
+                ("hop_rollups", since, 11 * HOUR_NANOS),
+                ("hop_rollups", 14 * HOUR_NANOS, until),
+            ]
+        );
+        assert_eq!(
+            rollup_ranges(since, until, false),
+            [("hop_rollups", since, until)]
+        );
+        assert_eq!(
+            rollup_ranges(since, 10 * HOUR_NANOS + 50 * minute, true),
+            [("hop_rollups", since, 10 * HOUR_NANOS + 50 * minute)]
+        );
+        assert_eq!(
+            rollup_ranges(10 * HOUR_NANOS, 12 * HOUR_NANOS, true),
+            [("hop_rollups_hourly", 10 * HOUR_NANOS, 12 * HOUR_NANOS)]
+        );
     }
 }

@@ -19,35 +19,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::TryStreamExt as _;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection as _, QueryBuilder, Sqlite};
+use sqlx::{QueryBuilder, Sqlite};
 
-use super::decode_positions;
-use super::leases;
-use super::query::{
-    AttrOperand, StoredSummary, TraceQuery, finish_search, rollup_query, start_search,
-};
-use super::query::{Cursor, StaleQuery};
-use super::reported::{StoredReported, add_reported, reported_query};
-use super::rollup::StoredRollup;
-use super::summaries::{
-    Dialect, Replace, delete_summaries_before, push_list, stale_count, stale_query, write_summaries,
-};
-use super::{
-    EncodedBatch, Operation, OperationRow, SPAN_COLUMNS, SpanRow, Store, StoreError, StoredRow,
-    Within, decode_operations, decode_rows,
-};
-use super::{decode_counts, decode_marks, rollup_ranges};
+use super::StoreError;
+use super::backend::{Backend, Writer};
+use super::query::{AttrFilter, AttrOperand, Cursor};
+use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use crate::clock::now_unix_nano;
-use crate::core::analyze::AnalysisVersion;
-use crate::core::analyze::hops::HopSample;
-use crate::core::analyze::hops::Rollup;
-use crate::core::analyze::hops::{HopRollupRow, ReportedRow, RollupKey};
-use crate::core::analyze::summary::TraceSummary;
-use crate::core::model::{Span, TraceId};
-use futures_util::TryStreamExt as _;
-use std::collections::{HashMap, HashSet};
+use crate::core::model::TraceId;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -76,7 +59,7 @@ const RESET_LEFT_FRAMES: i64 = 256;
 /// (BENCHMARKS.md, "WAL").
 const WAL_BOUND_FRAMES: &str = "65536";
 
-pub struct SqliteStore {
+pub struct SqliteBackend {
     writer: SqlitePool,
     /// What the checkpointer tells the writer about the WAL.
     wal: Arc<WalSignals>,
@@ -89,12 +72,7 @@ pub struct SqliteStore {
     _checkpointer: Option<tokio_util::sync::DropGuard>,
 }
 
-impl SqliteStore {
-    /// The read-only pool.
-    pub(crate) fn reader(&self) -> &SqlitePool {
-        &self.reader
-    }
-
+impl SqliteBackend {
     /// Opens (creating if needed) the database and runs migrations.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
@@ -157,7 +135,7 @@ impl SqliteStore {
         } else {
             Some(start_checkpointer(options, wal.clone()).await?)
         };
-        Ok(SqliteStore {
+        Ok(SqliteBackend {
             writer,
             wal,
             writes: tokio::sync::Mutex::new(WriteSide {
@@ -265,7 +243,7 @@ impl SqliteStore {
 /// How long a connection waits for another's lock before it fails (SQLite's busy timeout).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Settings every connection has, sqlx's (`SqliteStore::connect`) and ingest's own
+/// Settings every connection has, sqlx's (`SqliteBackend::connect`) and ingest's own
 /// (`open_ingest_connection`).
 const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
     ("synchronous", "NORMAL"),
@@ -309,17 +287,17 @@ fn open_ingest_connection(file: &std::path::Path) -> rusqlite::Result<rusqlite::
 /// second connection waiting in its busy handler would sleep in steps of up to 100 ms.
 struct WriteSide {
     /// The writer pool's one connection, taken out at the first write and kept between
-    /// writes (`SqliteStore::write_connection`). `None` until then, after a write failed,
+    /// writes (`SqliteBackend::write_connection`). `None` until then, after a write failed,
     /// and always between writes to an in-memory database, whose readers share it.
     sqlx: Option<PoolConnection<Sqlite>>,
-    /// The ingest writer's own connection to the file (`SqliteStore::insert_rows`), opened
+    /// The ingest writer's own connection to the file (`SqliteBackend::insert_rows`), opened
     /// at its first insert and again after an insert failed.
     ingest: Option<rusqlite::Connection>,
 }
 
-/// The writer connection for one write (`SqliteStore::write_connection`), locked against
+/// The writer connection for one write (`SqliteBackend::write_connection`), locked against
 /// every other write until dropped.
-pub(crate) struct WriteConnection<'a> {
+pub struct WriteConnection<'a> {
     side: tokio::sync::MutexGuard<'a, WriteSide>,
     /// Set by `keep` when the write succeeded. A failed write gives the connection back to
     /// the pool, which tests it and replaces it if it has gone bad (a rollback sqlx queued
@@ -526,101 +504,41 @@ async fn start_checkpointer(
     Ok(stop.drop_guard())
 }
 
+/// The marks' table and the rollup chunk: three parameters per key, within SQLite's limit.
 #[async_trait]
-impl Store for SqliteStore {
-    fn backend(&self) -> &'static str {
-        "sqlite"
+impl Backend for SqliteBackend {
+    type Db = Sqlite;
+    type Writer<'a> = WriteConnection<'a>;
+
+    const NAME: &'static str = "sqlite";
+    const MARKS: &'static str = "trace_marks";
+    const ROLLUP_CHUNK: usize = 300;
+    const WRITERS_LOCK: &'static str = "";
+    const SUBSTRING: &'static str = "instr";
+
+    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        result.rows_affected()
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.reader).await?;
-        Ok(())
+    fn reader(&self) -> &SqlitePool {
+        &self.reader
+    }
+
+    async fn writer(&self) -> Result<WriteConnection<'_>, StoreError> {
+        self.write_connection().await
     }
 
     async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
         self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
             .await
     }
 
-    async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
-        let mut q = spans_of(&[trace_id], " ORDER BY start_unix_nano, span_id");
-        decode_rows(q.build_query_as().fetch_all(&self.reader).await?)
-    }
-
-    async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
-        let mut spans = Vec::new();
-        for chunk in trace_ids.chunks(500) {
-            let mut q = spans_of(chunk, "");
-            let rows: Vec<StoredRow> = q.build_query_as().fetch_all(&self.reader).await?;
-            spans.extend(decode_rows(rows)?);
-        }
-        Ok(spans)
-    }
-
-    async fn traces_within(
-        &self,
-        trace_ids: &[TraceId],
-        max_bytes: u64,
-    ) -> Result<(Vec<Span>, u64), StoreError> {
-        let mut ids = trace_ids.to_vec();
-        ids.sort_unstable();
-        let mut within = Within::new(max_bytes);
-        'chunks: for chunk in ids.chunks(500) {
-            let mut q = spans_of(chunk, " ORDER BY trace_id");
-            let mut rows = q.build_query_as::<StoredRow>().fetch(&self.reader);
-            while let Some(row) = rows.try_next().await? {
-                if !within.push(row)? {
-                    break 'chunks;
-                }
-            }
-        }
-        Ok(within.finish())
-    }
-
-    async fn span_counts(
-        &self,
-        trace_ids: &[TraceId],
-    ) -> Result<HashMap<TraceId, u64>, StoreError> {
-        let mut counts = HashMap::new();
-        for chunk in trace_ids.chunks(500) {
-            // Counted in the primary key's index, without reading the rows.
-            let mut q =
-                QueryBuilder::new("SELECT trace_id, count(*) FROM spans WHERE trace_id IN ");
-            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
-            q.push(" GROUP BY trace_id");
-            counts.extend(decode_counts(
-                q.build_query_as().fetch_all(&self.reader).await?,
-            )?);
-        }
-        Ok(counts)
-    }
-
-    async fn services(&self) -> Result<Vec<String>, StoreError> {
-        Ok(
-            sqlx::query_scalar("SELECT DISTINCT service FROM operations ORDER BY service")
-                .fetch_all(&self.reader)
-                .await?,
-        )
-    }
-
-    async fn operations(&self, service: &str) -> Result<Vec<Operation>, StoreError> {
-        let rows: Vec<(String, i16)> = sqlx::query_as(
-            "SELECT name, kind FROM operations WHERE service = ? ORDER BY name, kind",
-        )
-        .bind(service)
-        .fetch_all(&self.reader)
-        .await?;
-        Ok(decode_operations(rows))
-    }
-
-    async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
-        let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        let deleted = sqlx::query(
+    async fn delete_spans(
+        conn: &mut sqlx::SqliteConnection,
+        cutoff: i64,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
             // `spans_by_start_bucket` finds every span of the buckets up to the cutoff's;
             // the exact test leaves the later spans of the cutoff's own bucket (~1 s).
             "DELETE FROM spans WHERE rowid IN \
@@ -629,20 +547,9 @@ impl Store for SqliteStore {
         )
         .bind(cutoff)
         .bind(i64::from(limit))
-        .execute(&mut *tx)
+        .execute(conn)
         .await?
-        .rows_affected();
-        delete_summaries_before::<Sqlite>(&mut tx, cutoff, limit).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(deleted)
-    }
-
-    async fn span_count(&self) -> Result<u64, StoreError> {
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM spans")
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(count as u64)
+        .rows_affected())
     }
 
     async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
@@ -661,7 +568,6 @@ impl Store for SqliteStore {
         received_before: u64,
         limit: u32,
     ) -> Result<Vec<(TraceId, i64)>, StoreError> {
-        use futures_util::TryStreamExt as _;
         let before = i64::try_from(received_before).unwrap_or(i64::MAX);
         // A trace with a recent mark is not quiet, whatever older marks it also has. SQLite
         // evaluates the subquery once, into a temporary index, and only when a due mark
@@ -693,165 +599,36 @@ impl Store for SqliteStore {
         decode_marks(marks)
     }
 
-    async fn write_summaries(
-        &self,
-        traces: &[(TraceSummary, Vec<HopSample>)],
-        analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        let minutes =
-            write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, Replace::Marked(analysed)).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(minutes)
+    async fn summaries_written(&self, _count: u64) {}
+
+    fn push_after(q: &mut QueryBuilder<Sqlite>, order: &str, cursor: Cursor) {
+        let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
+        q.push(format!(" AND ({order}.start_unix_nano < "))
+            .push_bind(start)
+            .push(format!(" OR ({order}.start_unix_nano = "))
+            .push_bind(start)
+            .push(format!(" AND {order}.trace_id < "))
+            .push_bind(cursor.trace_id.0.to_vec())
+            .push("))");
     }
 
-    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
-        let rows: Vec<(Vec<u8>, i64)> = stale_query::<Sqlite>(query)
-            .build_query_as()
-            .fetch_all(&self.reader)
-            .await?;
-        decode_positions(rows)
-    }
-
-    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError> {
-        let (count,): (i64,) = stale_count::<Sqlite>(version)
-            .build_query_as()
-            .fetch_one(&self.reader)
-            .await?;
-        Ok(count.max(0) as u64)
-    }
-
-    async fn rewrite_summaries(
-        &self,
-        traces: &[(TraceSummary, Vec<HopSample>)],
-        version: AnalysisVersion,
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        let minutes =
-            write_summaries::<Sqlite>(&mut tx, &DIALECT, traces, Replace::Stale(version)).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(minutes)
-    }
-
-    async fn hop_rollups(
-        &self,
-        since_unix_nano: u64,
-        until_unix_nano: u64,
-        service: Option<&str>,
-        operation: Option<&str>,
-        hourly: bool,
-    ) -> Result<Vec<HopRollupRow>, StoreError> {
-        let mut rows = Vec::new();
-        for (table, since, until) in rollup_ranges(since_unix_nano, until_unix_nano, hourly) {
-            let mut q = rollup_query::<Sqlite>(table, since, until, service, operation);
-            let found: Vec<StoredRollup> = q.build_query_as().fetch_all(&self.reader).await?;
-            rows.extend(found.into_iter().map(StoredRollup::decode));
-        }
-        Ok(rows)
-    }
-
-    async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        let mut tx = conn.begin().await?;
-        add_reported::<Sqlite>(&mut tx, rows).await?;
-        tx.commit().await?;
-        conn.keep();
-        Ok(())
-    }
-
-    async fn reported(
-        &self,
-        since_unix_nano: u64,
-        until_unix_nano: u64,
-        service: Option<&str>,
-        operation: Option<&str>,
-        by_minute: bool,
-    ) -> Result<Vec<ReportedRow>, StoreError> {
-        let mut q = reported_query::<Sqlite>(
-            since_unix_nano,
-            until_unix_nano,
-            service,
-            operation,
-            by_minute,
-        );
-        let found: Vec<StoredReported> = q.build_query_as().fetch_all(&self.reader).await?;
-        let range_start = (!by_minute).then_some(since_unix_nano);
-        Ok(found
-            .into_iter()
-            .map(|row| row.decode(range_start))
-            .collect())
-    }
-
-    async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        // Drive from the index of the most selective term when there is one (newest first
-        // through the primary key); otherwise from the summaries' start index.
-        let (mut q, order) = start_search::<Sqlite>(query, "instr");
-        if let Some(cursor) = query.cursor {
-            let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
-            q.push(format!(" AND ({order}.start_unix_nano < "))
-                .push_bind(start)
-                .push(format!(" OR ({order}.start_unix_nano = "))
-                .push_bind(start)
-                .push(format!(" AND {order}.trace_id < "))
-                .push_bind(cursor.trace_id.0.to_vec())
-                .push("))");
-        }
-        for filter in &query.attrs {
-            // Keys are checked for '"' by the API; the JSON path quotes the whole key.
-            q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND json_extract(sp.attributes, ")
-                .push_bind(format!("$.\"{}\"", filter.key))
-                .push(") ")
-                .push(filter.op.sql())
-                .push(" ");
-            match &filter.value {
-                AttrOperand::Number(n) => q.push_bind(*n),
-                AttrOperand::Text(t) => q.push_bind(t.clone()),
-            };
-            q.push(")");
-        }
-        finish_search(&mut q, order, query.limit);
-        let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&self.reader).await?;
-        rows.into_iter().map(StoredSummary::decode).collect()
-    }
-
-    async fn hold_lease(
-        &self,
-        name: &str,
-        holder: &str,
-        now: u64,
-        until: u64,
-    ) -> Result<bool, StoreError> {
-        let mut conn = self.write_connection().await?;
-        let held = leases::hold::<Sqlite>(&mut conn, name, holder, now, until).await?;
-        conn.keep();
-        Ok(held)
-    }
-
-    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
-        let mut conn = self.write_connection().await?;
-        leases::release::<Sqlite>(&mut conn, name, holder).await?;
-        conn.keep();
-        Ok(())
+    fn push_attr_filter(q: &mut QueryBuilder<Sqlite>, filter: &AttrFilter) {
+        // Keys are checked for '"' by the API; the JSON path quotes the whole key.
+        q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND json_extract(sp.attributes, ")
+            .push_bind(format!("$.\"{}\"", filter.key))
+            .push(") ")
+            .push(filter.op.sql())
+            .push(" ");
+        match &filter.value {
+            AttrOperand::Number(n) => q.push_bind(*n),
+            AttrOperand::Text(t) => q.push_bind(t.clone()),
+        };
+        q.push(")");
     }
 }
 
-/// The spans of `traces` (at most SQLite's parameter limit of them), then `tail`.
-fn spans_of(traces: &[TraceId], tail: &str) -> QueryBuilder<Sqlite> {
-    let mut q = QueryBuilder::new(format!(
-        "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "
-    ));
-    push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
-    q.push(tail);
-    q
+impl Writer<Sqlite> for WriteConnection<'_> {
+    fn done(&mut self) {
+        self.keep();
+    }
 }
-
-/// The marks' table and the rollup chunk: three parameters per key, within SQLite's limit.
-const DIALECT: Dialect = Dialect {
-    marks: "trace_marks",
-    rollup_chunk: 300,
-    writers_lock: "",
-};

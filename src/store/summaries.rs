@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashSet};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
+use super::backend::Backend;
 use super::query::StaleQuery;
 use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
 use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
@@ -18,18 +19,6 @@ use crate::core::model::TraceId;
 
 /// Rows or keys per statement: within SQLite's 32,766 and Postgres's 65,535 parameters.
 const CHUNK: usize = 500;
-
-/// Where the stores differ.
-pub(crate) struct Dialect {
-    /// The table of traces waiting for analysis, keyed by (received_unix_nano, trace_id).
-    pub marks: &'static str,
-    /// Rollup keys per statement (`apply_rollups`).
-    pub rollup_chunk: usize,
-    /// Run first in the transaction so that one writer at a time merges into the rollups
-    /// (a row that does not exist yet cannot be locked, and two first inserts would
-    /// overwrite each other); empty where the store has one writer.
-    pub writers_lock: &'static str,
-}
 
 /// Which traces a write may replace.
 pub(crate) enum Replace<'a> {
@@ -44,27 +33,26 @@ pub(crate) enum Replace<'a> {
 /// Writes `traces` (each summary with its hop samples) on `conn`, inside the caller's
 /// transaction, as `replace` allows. Each trace's hops replace what the trace contributed
 /// before (a late span, or a re-analysis). Returns the per-minute rollup deltas.
-pub(crate) async fn write_summaries<DB: Database>(
-    conn: &mut DB::Connection,
-    dialect: &Dialect,
+pub(crate) async fn write_summaries<B: Backend>(
+    conn: &mut <B::Db as Database>::Connection,
     traces: &[(TraceSummary, Vec<HopSample>)],
     replace: Replace<'_>,
 ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
 where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'r> StoredRollup: FromRow<'r, DB::Row>,
-    for<'r> (String,): FromRow<'r, DB::Row>,
-    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
-    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
-    String: for<'t> Encode<'t, DB> + Type<DB>,
-    Option<String>: for<'t> Encode<'t, DB> + Type<DB>,
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    f64: for<'t> Encode<'t, DB> + Type<DB>,
-    Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
 {
-    if !dialect.writers_lock.is_empty() {
-        sqlx::query::<DB>(sqlx::AssertSqlSafe(dialect.writers_lock))
+    if !B::WRITERS_LOCK.is_empty() {
+        sqlx::query::<B::Db>(sqlx::AssertSqlSafe(B::WRITERS_LOCK))
             .execute(&mut *conn)
             .await?;
     }
@@ -75,7 +63,7 @@ where
             // Marks are cleared first: of two servers that analysed the same trace, the
             // second finds its marks gone and writes nothing, and a trace whose mark a late
             // span replaced waits for its next analysis.
-            let cleared = clear_marks::<DB>(conn, dialect, analysed).await?;
+            let cleared = clear_marks::<B::Db>(conn, B::MARKS, analysed).await?;
             let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
             let written: HashSet<TraceId> = traces
                 .iter()
@@ -87,7 +75,7 @@ where
         }
         Replace::Stale(version) => {
             let ids: Vec<TraceId> = traces.iter().map(|(s, _)| s.trace_id).collect();
-            let written = stale_among::<DB>(conn, &ids, version).await?;
+            let written = stale_among::<B::Db>(conn, &ids, version).await?;
             let replaced = written.iter().copied().collect();
             (written, replaced)
         }
@@ -103,13 +91,13 @@ where
     for chunk in replaced.chunks(CHUNK) {
         let ids = || chunk.iter().map(|id| id.0.to_vec());
         let mut old =
-            QueryBuilder::<DB>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
+            QueryBuilder::<B::Db>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
         push_list(&mut old, ids());
         let old: Vec<(String,)> = old.build_query_as().fetch_all(&mut *conn).await?;
         for (hops,) in old {
             add_samples(&mut deltas, &decode_hops(&hops), -1);
         }
-        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE trace_id IN ");
+        let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM trace_terms WHERE trace_id IN ");
         push_list(&mut delete, ids());
         delete.build().execute(&mut *conn).await?;
     }
@@ -121,7 +109,7 @@ where
     rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
     rows.dedup_by(|a, b| a.trace_id == b.trace_id);
     for chunk in rows.chunks(CHUNK) {
-        summary_upsert::<DB>(chunk)
+        summary_upsert::<B::Db>(chunk)
             .build()
             .execute(&mut *conn)
             .await?;
@@ -139,8 +127,9 @@ where
         })
         .collect();
     for chunk in new_terms.chunks(10 * CHUNK) {
-        let mut insert =
-            QueryBuilder::<DB>::new("INSERT INTO trace_terms (term, start_unix_nano, trace_id) ");
+        let mut insert = QueryBuilder::<B::Db>::new(
+            "INSERT INTO trace_terms (term, start_unix_nano, trace_id) ",
+        );
         insert.push_values(chunk, |mut b, (term, start, id)| {
             b.push_bind(term.clone())
                 .push_bind(*start)
@@ -150,9 +139,14 @@ where
         insert.build().execute(&mut *conn).await?;
     }
     let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
-    let chunk = dialect.rollup_chunk;
-    apply_rollups::<DB>(conn, "hop_rollups", &minutes, chunk).await?;
-    apply_rollups::<DB>(conn, "hop_rollups_hourly", &hourly(&minutes), chunk).await?;
+    apply_rollups::<B::Db>(conn, "hop_rollups", &minutes, B::ROLLUP_CHUNK).await?;
+    apply_rollups::<B::Db>(
+        conn,
+        "hop_rollups_hourly",
+        &hourly(&minutes),
+        B::ROLLUP_CHUNK,
+    )
+    .await?;
     Ok(minutes)
 }
 
@@ -160,7 +154,7 @@ where
 /// whose marks it deleted.
 async fn clear_marks<DB: Database>(
     conn: &mut DB::Connection,
-    dialect: &Dialect,
+    marks: &str,
     analysed: &[(TraceId, i64)],
 ) -> Result<HashSet<TraceId>, StoreError>
 where
@@ -174,10 +168,8 @@ where
     for chunk in analysed.chunks(CHUNK) {
         // The list of times lets SQLite find the marks by its key's first column; on the
         // pairs alone it scans the whole table.
-        let mut clear = QueryBuilder::<DB>::new(format!(
-            "DELETE FROM {} WHERE received_unix_nano IN ",
-            dialect.marks
-        ));
+        let mut clear =
+            QueryBuilder::<DB>::new(format!("DELETE FROM {marks} WHERE received_unix_nano IN "));
         push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
         clear.push(" AND (received_unix_nano, trace_id) IN (");
         clear.push_values(chunk, |mut b, (id, mark)| {

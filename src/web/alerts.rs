@@ -17,7 +17,7 @@ use crate::core::alerts::backtest::Backtest;
 use crate::core::alerts::rules::{Rule, RuleError, RuleSource, RuleSpec, validate_rule};
 use crate::core::alerts::silence::{Silence, parse_matchers};
 use crate::pipeline::alerter::{self, refresh_stored_rules};
-use crate::store::alerts::HistoryQuery;
+use crate::store::query::HistoryQuery;
 
 /// The most rows one history or delivery-log request returns.
 const MAX_LIMIT: u32 = 10_000;
@@ -139,7 +139,10 @@ pub async fn notifications(
     let rule = non_empty(&params, "rule");
     let found = state
         .store
-        .notifications(rule.as_deref(), limit(&params, 100)?)
+        .notifications(&crate::store::query::NotificationQuery {
+            rule: rule.as_deref(),
+            limit: limit(&params, 100)?,
+        })
         .await?;
     let notifications: Vec<Value> = found
         .iter()

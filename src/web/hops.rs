@@ -96,7 +96,13 @@ pub async fn hops(
         .filter(|s| !s.is_empty());
     let rows = state
         .store
-        .hop_rollups(since, until, service, None, true)
+        .hop_rollups(&crate::store::query::RollupQuery {
+            since_unix_nano: since,
+            until_unix_nano: until,
+            service: service,
+            operation: None,
+            hourly: true,
+        })
         .await?;
     let reported =
         crate::web::pages::with_reported(state.store.as_ref(), since, until, service, None, false)
@@ -159,7 +165,13 @@ pub async fn series(
     let hourly = step % (60 * MINUTE) == 0;
     let rows = state
         .store
-        .hop_rollups(since, until, Some(&service), Some(&operation), hourly)
+        .hop_rollups(&crate::store::query::RollupQuery {
+            since_unix_nano: since,
+            until_unix_nano: until,
+            service: Some(&service),
+            operation: Some(&operation),
+            hourly: hourly,
+        })
         .await?;
     let reported = crate::web::pages::with_reported(
         state.store.as_ref(),

@@ -30,7 +30,7 @@ use crate::core::alerts::silence::{Silence, silenced_by};
 use crate::core::analyze::hops::ReportedRow;
 use crate::core::analyze::hops::Rollup;
 use crate::pipeline::lease::Lease;
-use crate::store::alerts::AlertWrite;
+use crate::store::AlertWrite;
 use crate::store::query::TraceQuery;
 use crate::store::{Store, StoreError};
 
@@ -82,7 +82,16 @@ async fn read_windows(
             .iter()
             .map(|l| (*l, window_range(now, delay, *l).0))
             .collect();
-        for row in store.hop_rollups(since, until, None, None, false).await? {
+        for row in store
+            .hop_rollups(&crate::store::query::RollupQuery {
+                since_unix_nano: since,
+                until_unix_nano: until,
+                service: None,
+                operation: None,
+                hourly: false,
+            })
+            .await?
+        {
             let key = (row.service, row.operation);
             for (length, start) in &starts {
                 if row.minute_unix_nano >= *start {
@@ -99,7 +108,16 @@ async fn read_windows(
     for length in long {
         let (since, until) = window_range(now, delay, length);
         let merged = windows.entry(length).or_default();
-        for row in store.hop_rollups(since, until, None, None, true).await? {
+        for row in store
+            .hop_rollups(&crate::store::query::RollupQuery {
+                since_unix_nano: since,
+                until_unix_nano: until,
+                service: None,
+                operation: None,
+                hourly: true,
+            })
+            .await?
+        {
             merged
                 .entry((row.service, row.operation))
                 .or_default()
@@ -110,7 +128,16 @@ async fn read_windows(
     for length in lengths {
         let (since, until) = window_range(now, delay, *length);
         let merged = windows.entry(*length).or_default();
-        for row in store.reported(since, until, None, None, false).await? {
+        for row in store
+            .reported(&crate::store::query::MetricsQuery {
+                since_unix_nano: since,
+                until_unix_nano: until,
+                service: None,
+                operation: None,
+                per_minute: false,
+            })
+            .await?
+        {
             merged
                 .entry((row.service, row.operation))
                 .or_default()
@@ -322,11 +349,23 @@ async fn context(
     let (since, until) = window_range(now, options.delay, rule.window);
     let (service, operation) = (Some(&instance.service[..]), Some(&instance.operation[..]));
     let rows = store
-        .hop_rollups(since, until, service, operation, true)
+        .hop_rollups(&crate::store::query::RollupQuery {
+            since_unix_nano: since,
+            until_unix_nano: until,
+            service: service,
+            operation: operation,
+            hourly: true,
+        })
         .await
         .unwrap_or_default();
     let reported = store
-        .reported(since, until, service, operation, false)
+        .reported(&crate::store::query::MetricsQuery {
+            since_unix_nano: since,
+            until_unix_nano: until,
+            service: service,
+            operation: operation,
+            per_minute: false,
+        })
         .await
         .unwrap_or_default();
     let rollup = rows
@@ -455,23 +494,23 @@ pub async fn backtest(
     let from = to.saturating_sub(nanos(BACKTEST_SPAN));
     let since = from.saturating_sub(nanos(rule.window) + MINUTE);
     let rows = store
-        .hop_rollups(
-            since,
-            to,
-            rule.service.literal(),
-            rule.operation.literal(),
-            false,
-        )
+        .hop_rollups(&crate::store::query::RollupQuery {
+            since_unix_nano: since,
+            until_unix_nano: to,
+            service: rule.service.literal(),
+            operation: rule.operation.literal(),
+            hourly: false,
+        })
         .await?;
     // The hops' deadline metrics, minute by minute beside the traces' rollups.
     let reported = store
-        .reported(
-            since,
-            to,
-            rule.service.literal(),
-            rule.operation.literal(),
-            true,
-        )
+        .reported(&crate::store::query::MetricsQuery {
+            since_unix_nano: since,
+            until_unix_nano: to,
+            service: rule.service.literal(),
+            operation: rule.operation.literal(),
+            per_minute: true,
+        })
         .await?;
     let mut minutes: crate::core::alerts::backtest::MinuteRollups = BTreeMap::new();
     for row in rows

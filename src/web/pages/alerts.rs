@@ -14,7 +14,7 @@ use crate::core::alerts::eval::{Instance, State};
 use crate::core::alerts::notify::{Notification, fmt_value, labels};
 use crate::core::alerts::rules::{Rule, RuleSet};
 use crate::core::alerts::silence::{Silence, silenced_by};
-use crate::store::alerts::HistoryQuery;
+use crate::store::query::HistoryQuery;
 use crate::web::AppState;
 use crate::web::alerts::problems_message;
 use crate::web::charts;
@@ -305,7 +305,13 @@ pub async fn alerts(AxumState(state): AxumState<AppState>) -> Result<Response, P
             std::cmp::Reverse(i.fired_at.unwrap_or(i.active_since)),
         )
     });
-    let deliveries = state.store.notifications(None, DELIVERIES).await?;
+    let deliveries = state
+        .store
+        .notifications(&crate::store::query::NotificationQuery {
+            rule: None,
+            limit: DELIVERIES,
+        })
+        .await?;
     let silences = state.store.silences().await?;
     let now = now_unix_nano();
     Ok(html(
@@ -428,7 +434,13 @@ pub async fn rule(
             ..HistoryQuery::default()
         })
         .await?;
-    let deliveries = state.store.notifications(Some(&name), DELIVERIES).await?;
+    let deliveries = state
+        .store
+        .notifications(&crate::store::query::NotificationQuery {
+            rule: Some(&name),
+            limit: DELIVERIES,
+        })
+        .await?;
     let chart = history_chart(rule, &history);
     let duration = |d: std::time::Duration| humantime::format_duration(d).to_string();
     let mut definition = vec![

@@ -207,7 +207,13 @@ pub async fn with_reported(
     by_minute: bool,
 ) -> Result<Vec<crate::core::analyze::hops::HopRollupRow>, StoreError> {
     Ok(store
-        .reported(since, until, service, operation, by_minute)
+        .reported(&crate::store::query::MetricsQuery {
+            since_unix_nano: since,
+            until_unix_nano: until,
+            service: service,
+            operation: operation,
+            per_minute: by_minute,
+        })
         .await?
         .into_iter()
         .map(crate::core::analyze::hops::ReportedRow::into_rollup_row)
@@ -425,7 +431,13 @@ impl TimeRange {
         let (since, until) = self.aligned();
         let hourly = self.step().is_multiple_of(60 * MINUTE);
         let mut rows = store
-            .hop_rollups(since, until, service, operation, hourly)
+            .hop_rollups(&crate::store::query::RollupQuery {
+                since_unix_nano: since,
+                until_unix_nano: until,
+                service: service,
+                operation: operation,
+                hourly: hourly,
+            })
             .await?;
         rows.extend(
             with_reported(store, since, until, service, operation, metrics_by_minute).await?,

@@ -1,0 +1,103 @@
+//! What differs between SQLite and Postgres (`Backend`), and `SqlStore`, the one store over
+//! either. Every role trait of `mod.rs` is implemented once, for `SqlStore<B>`, each
+//! statement written once over the sqlx backend `B::Db` (`spans.rs`, `queue.rs`,
+//! `rollup.rs`, `leases.rs`, `alerts.rs`); where the two databases differ, the role asks its
+//! backend: the connections, the ingest insert, the analysis queue's table and claims, how
+//! retention finds old spans, and a few spellings of search.
+//!
+//! Architecture invariant: a `Backend` holds no statement both databases could run alike.
+
+use async_trait::async_trait;
+use sqlx::{Database, Pool, QueryBuilder};
+
+use super::StoreError;
+use super::query::{AttrFilter, Cursor};
+use super::spans::EncodedBatch;
+use crate::core::model::TraceId;
+
+/// A connection for one write, taken from the backend (`Backend::writer`) and given back
+/// when dropped.
+pub trait Writer<DB: Database>: std::ops::DerefMut<Target = DB::Connection> + Send {
+    /// The write succeeded: the backend may keep the connection for the next one.
+    fn done(&mut self);
+}
+
+/// One database: its connections, and what only it says that way.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    type Db: Database;
+    type Writer<'a>: Writer<Self::Db>
+    where
+        Self: 'a;
+
+    /// "sqlite" or "postgres".
+    const NAME: &'static str;
+    /// The table of traces waiting for analysis, keyed by (received_unix_nano, trace_id).
+    const MARKS: &'static str;
+    /// Rollup keys per statement (`rollup::apply_rollups`).
+    const ROLLUP_CHUNK: usize;
+    /// Run first in a transaction that writes summaries, so that one writer at a time merges
+    /// into the rollups (a row that does not exist yet cannot be locked, and two first
+    /// inserts would overwrite each other); empty where the database has one writer.
+    const WRITERS_LOCK: &'static str;
+    /// The function that finds a substring: `instr(haystack, needle)` or `strpos`.
+    const SUBSTRING: &'static str;
+
+    /// How many rows a statement changed (sqlx has no backend-neutral accessor).
+    fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
+
+    /// The pool that reads.
+    fn reader(&self) -> &Pool<Self::Db>;
+
+    /// A connection for one write transaction.
+    async fn writer(&self) -> Result<Self::Writer<'_>, StoreError>;
+
+    /// Stores a batch of encoded spans, their operations and their traces' marks in one
+    /// transaction (the ingest writer's statement, the one each backend does its own way).
+    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError>;
+
+    /// Deletes at most `limit` spans that started before `cutoff`, on `conn` inside the
+    /// caller's transaction; returns how many.
+    async fn delete_spans(
+        conn: &mut <Self::Db as Database>::Connection,
+        cutoff: i64,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
+
+    /// Traces waiting for analysis, and when the one waiting longest last had spans
+    /// committed.
+    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError>;
+
+    /// `AnalysisQueue::quiet_traces`: the marks differ, and Postgres claims what it returns.
+    async fn quiet_traces(
+        &self,
+        received_before: u64,
+        limit: u32,
+    ) -> Result<Vec<(TraceId, i64)>, StoreError>;
+
+    /// Called after `count` summaries were written (Postgres refreshes its planner's
+    /// statistics as the summaries grow).
+    async fn summaries_written(&self, count: u64);
+
+    /// Search: the condition "after `cursor`" on the alias `order`, newest first.
+    fn push_after(q: &mut QueryBuilder<Self::Db>, order: &str, cursor: Cursor);
+
+    /// Search: traces with a span whose attribute meets `filter`, on the summaries' alias `ts`.
+    fn push_attr_filter(q: &mut QueryBuilder<Self::Db>, filter: &AttrFilter);
+}
+
+/// The store over backend `B`: what `store::open` returns, behind `dyn Store`.
+pub struct SqlStore<B> {
+    pub(crate) backend: B,
+}
+
+impl<B: Backend> SqlStore<B> {
+    pub fn new(backend: B) -> SqlStore<B> {
+        SqlStore { backend }
+    }
+
+    /// The backend, for what only it does (the benchmark's raw insert ceiling).
+    pub fn inner(&self) -> &B {
+        &self.backend
+    }
+}

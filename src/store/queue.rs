@@ -1,0 +1,112 @@
+//! The analysis queue for both databases: which traces wait for analysis (the backend's
+//! marks), and the summaries analysis writes (`summaries.rs`), fresh or re-analysed.
+
+use async_trait::async_trait;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
+
+use super::backend::{Backend, SqlStore, Writer as _};
+use super::query::{Cursor, StaleQuery};
+use super::rollup::StoredRollup;
+use super::spans::decode_positions;
+use super::summaries::{Replace, stale_count, stale_query, write_summaries};
+use super::{AnalysisQueue, StoreError};
+use crate::core::analyze::AnalysisVersion;
+use crate::core::analyze::hops::{HopSample, Rollup, RollupKey};
+use crate::core::analyze::summary::TraceSummary;
+use crate::core::model::TraceId;
+
+#[async_trait]
+impl<B> AnalysisQueue for SqlStore<B>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
+        self.backend.analysis_backlog().await
+    }
+
+    async fn quiet_traces(
+        &self,
+        received_before: u64,
+        limit: u32,
+    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        self.backend.quiet_traces(received_before, limit).await
+    }
+
+    async fn write_summaries(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        analysed: &[(TraceId, i64)],
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        let minutes = self.write(traces, Replace::Marked(analysed)).await?;
+        self.backend.summaries_written(traces.len() as u64).await;
+        Ok(minutes)
+    }
+
+    async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
+        let rows: Vec<(Vec<u8>, i64)> = stale_query::<B::Db>(query)
+            .build_query_as()
+            .fetch_all(self.backend.reader())
+            .await?;
+        decode_positions(rows)
+    }
+
+    async fn stale_summary_count(&self, version: AnalysisVersion) -> Result<u64, StoreError> {
+        let (count,): (i64,) = stale_count::<B::Db>(version)
+            .build_query_as()
+            .fetch_one(self.backend.reader())
+            .await?;
+        Ok(count.max(0) as u64)
+    }
+
+    async fn rewrite_summaries(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        version: AnalysisVersion,
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        self.write(traces, Replace::Stale(version)).await
+    }
+}
+
+impl<B> SqlStore<B>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    /// One transaction of `summaries::write_summaries` on the backend's writer.
+    async fn write(
+        &self,
+        traces: &[(TraceSummary, Vec<HopSample>)],
+        replace: Replace<'_>,
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        let mut writer = self.backend.writer().await?;
+        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+        let minutes = write_summaries::<B>(&mut tx, traces, replace).await?;
+        tx.commit().await?;
+        writer.done();
+        Ok(minutes)
+    }
+}
