@@ -289,9 +289,11 @@ async fn shutdown_commits_every_acknowledged_span() {
         let addr = server.otlp_http_addr;
         let client = reqwest::Client::new();
         // Senders keep exporting while the server shuts down under them.
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let senders: Vec<_> = (0..4u32)
             .map(|sender| {
                 let client = client.clone();
+                let answered = answered.clone();
                 tokio::spawn(async move {
                     let mut acknowledged = Vec::new();
                     for batch in 0..200u32 {
@@ -303,7 +305,10 @@ async fn shutdown_commits_every_acknowledged_span() {
                             .send()
                             .await;
                         match sent {
-                            Ok(response) if response.status() == 200 => acknowledged.push(trace),
+                            Ok(response) if response.status() == 200 => {
+                                acknowledged.push(trace);
+                                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
                             _ => break,
                         }
                     }
@@ -311,7 +316,11 @@ async fn shutdown_commits_every_acknowledged_span() {
                 })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Shut down once every sender is under way (each had an answer).
+        eventually("every sender had an export acknowledged", || {
+            answered.load(std::sync::atomic::Ordering::Relaxed) >= 4
+        })
+        .await;
         server.shutdown().await;
         let mut acknowledged = Vec::new();
         for sender in senders {

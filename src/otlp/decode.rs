@@ -189,3 +189,214 @@ fn json_text(body: &[u8]) -> (std::borrow::Cow<'_, str>, bool) {
 fn without_bom(text: &str) -> &str {
     text.strip_prefix('\u{FEFF}').unwrap_or(text)
 }
+
+/// The decoders' fixture table: each body, as an exporter sends it, and what the receivers
+/// make of it (the spans kept, with their warnings, and the answer's `partial_success`), or
+/// the error it is refused with. `UPDATE_EXPECT=1 cargo test --lib decode` rewrites the
+/// expectation after a deliberate change.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+
+    const NOW: u64 = 1_800_000_000_000_000_000;
+
+    fn span(id: u8, name: &str) -> Span {
+        Span {
+            trace_id: vec![1; 16],
+            span_id: vec![id; 8],
+            name: name.into(),
+            kind: 2,
+            start_time_unix_nano: 1_700_000_000_000_000_000,
+            end_time_unix_nano: 1_700_000_000_050_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn protobuf(spans: Vec<Span>) -> Vec<u8> {
+        ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource {
+                    attributes: vec![KeyValue {
+                        key: "service.name".into(),
+                        value: Some(AnyValue {
+                            value: Some(any_value::Value::StringValue("checkout".into())),
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                scope_spans: vec![ScopeSpans {
+                    spans,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        }
+        .encode_to_vec()
+    }
+
+    /// A JSON body with the given spans (JSON objects written out).
+    fn json(spans: &str) -> Vec<u8> {
+        format!(
+            r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"checkout"}}}}]}},"scopeSpans":[{{"spans":[{spans}]}}]}}]}}"#
+        )
+        .into_bytes()
+    }
+
+    const GOOD: &str = r#"{"traceId":"01010101010101010101010101010101","spanId":"0202020202020202","name":"GET /cart","kind":2,"startTimeUnixNano":"1700000000000000000","endTimeUnixNano":"1700000000050000000"}"#;
+
+    fn render(body: Vec<u8>, format: Format) -> String {
+        match decode_traces(body.into(), format) {
+            Err(error) => format!("refused: {error}"),
+            Ok(decoded) => {
+                let options = NormalizeOptions {
+                    budget_keys: crate::core::budget::DEFAULT_BUDGET_KEYS
+                        .iter()
+                        .map(|k| k.to_string())
+                        .collect(),
+                };
+                let normalized = normalize_decoded(decoded, &options, NOW);
+                let mut out: Vec<String> = normalized
+                    .spans
+                    .iter()
+                    .map(|s| {
+                        let warnings = if s.warnings.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (warnings: {})", s.warnings.join("; "))
+                        };
+                        format!("kept {} {:?}{warnings}", s.service, s.name)
+                    })
+                    .collect();
+                if normalized.rejected > 0 {
+                    out.push(format!(
+                        "partial_success: {} rejected: {}",
+                        normalized.rejected,
+                        normalized.error_message()
+                    ));
+                }
+                out.join(" | ")
+            }
+        }
+    }
+
+    #[test]
+    fn each_body_decodes_to_its_spans_and_answer() {
+        let mut bad_utf8 = protobuf(vec![span(2, "GET /c__t")]);
+        let at = bad_utf8.windows(4).position(|w| w == b"c__t").unwrap();
+        bad_utf8[at + 1] = 0xff;
+        let mut bad_json_utf8 = json(&GOOD.replace("GET /cart", "GET /c_rt"));
+        let at = bad_json_utf8.windows(4).position(|w| w == b"c_rt").unwrap();
+        bad_json_utf8[at + 1] = 0xff;
+        let truncated = protobuf(vec![span(2, "GET /cart")]);
+        let cases: Vec<(&str, Vec<u8>, Format)> = vec![
+            (
+                "protobuf",
+                protobuf(vec![span(2, "GET /cart"), span(3, "GET /pay")]),
+                Format::Protobuf,
+            ),
+            ("protobuf, a name not UTF-8", bad_utf8, Format::Protobuf),
+            (
+                "protobuf, truncated",
+                truncated[..truncated.len() - 3].to_vec(),
+                Format::Protobuf,
+            ),
+            (
+                "protobuf, a trace id of 5 bytes",
+                protobuf(vec![
+                    Span {
+                        trace_id: vec![1; 5],
+                        ..span(2, "GET /cart")
+                    },
+                    span(3, "GET /pay"),
+                ]),
+                Format::Protobuf,
+            ),
+            ("JSON", json(GOOD), Format::Json),
+            (
+                "JSON, byte-order mark",
+                [b"\xEF\xBB\xBF".as_slice(), &json(GOOD)].concat(),
+                Format::Json,
+            ),
+            ("JSON, a name not UTF-8", bad_json_utf8, Format::Json),
+            (
+                "JSON, enum names",
+                json(&GOOD.replace(r#""kind":2"#, r#""kind":"SPAN_KIND_SERVER""#)),
+                Format::Json,
+            ),
+            (
+                "JSON, null parent",
+                json(&GOOD.replace(r#""kind":2"#, r#""kind":2,"parentSpanId":null"#)),
+                Format::Json,
+            ),
+            (
+                "JSON, a broken span beside a good one",
+                json(&format!(
+                    "{GOOD},{}",
+                    GOOD.replace("0202020202020202", "0303030303030303")
+                        .replace(
+                            r#""endTimeUnixNano":"1700000000050000000""#,
+                            r#""endTimeUnixNano":-5"#
+                        )
+                )),
+                Format::Json,
+            ),
+            (
+                "JSON, snake_case ids",
+                json(&GOOD.replace("traceId", "trace_id")),
+                Format::Json,
+            ),
+            ("JSON, truncated", json(GOOD)[..40].to_vec(), Format::Json),
+            ("JSON, not a request", b"[1, 2]".to_vec(), Format::Json),
+        ];
+        let table: String = cases
+            .into_iter()
+            .map(|(name, body, format)| format!("{name}: {}\n", render(body, format)))
+            .collect();
+        expect_test::expect![[r#"
+            protobuf: kept checkout "GET /cart" | kept checkout "GET /pay"
+            protobuf, a name not UTF-8: kept checkout "GET /c�_t" (warnings: the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD)
+            protobuf, truncated: refused: request body is not a valid OTLP ExportTraceServiceRequest protobuf (failed to decode Protobuf message: ExportRequest.resource_spans: buffer underflow)
+            protobuf, a trace id of 5 bytes: kept checkout "GET /pay" | partial_success: 1 rejected: rejected 1 of 2 spans: trace id is 5 bytes long, expected 16 (first: checkout "GET /cart"). Fix the exporter's data; the other spans were stored.
+            JSON: kept checkout "GET /cart"
+            JSON, byte-order mark: kept checkout "GET /cart"
+            JSON, a name not UTF-8: kept checkout "GET /c�rt" (warnings: the request body was not valid UTF-8; invalid bytes were replaced by U+FFFD)
+            JSON, enum names: kept checkout "GET /cart"
+            JSON, null parent: kept checkout "GET /cart"
+            JSON, a broken span beside a good one: kept checkout "GET /cart" | partial_success: 1 rejected: rejected 1 of 2 spans: not valid OTLP/JSON: i64 value -5 is out of range for u64 (first: span "GET /cart"). Fix the exporter's data; the other spans were stored.
+            JSON, snake_case ids: partial_success: 1 rejected: rejected 1 of 1 spans: trace id is 0 bytes long, expected 16 (first: checkout "GET /cart"). Fix the exporter's data; the other spans were stored.
+            JSON, truncated: refused: request body is not valid OTLP/JSON (EOF while parsing a string at line 1 column 40); OTLP/JSON uses lowerCamelCase keys, hex trace and span ids, and integer enum values
+            JSON, not a request: refused: request body is not valid OTLP/JSON (the request: invalid type: integer `1`, expected a sequence); OTLP/JSON uses lowerCamelCase keys, hex trace and span ids, and integer enum values
+        "#]].assert_eq(&table);
+    }
+
+    #[test]
+    fn metrics_bodies_decode_or_say_why_not() {
+        let refused =
+            decode_metrics(b"{\"resourceMetrics\": 7}".to_vec().into(), Format::Json).unwrap_err();
+        assert_eq!(refused.message_type, "ExportMetricsServiceRequest");
+        assert!(
+            refused
+                .to_string()
+                .contains("not valid OTLP/JSON for metrics")
+        );
+        let refused = decode_metrics(vec![0x0a, 0xff].into(), Format::Protobuf).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("ExportMetricsServiceRequest protobuf")
+        );
+        let decoded = decode_metrics(
+            "\u{FEFF}{\"resourceMetrics\": []}"
+                .as_bytes()
+                .to_vec()
+                .into(),
+            Format::Json,
+        )
+        .unwrap();
+        assert!(decoded.request.resource_metrics.is_empty() && !decoded.repaired);
+    }
+}
