@@ -48,6 +48,8 @@ fn sample(s: usize, o: usize, minute: u64) -> HopSample {
         self_ms: 5.0 + (o % 40) as f64,
         counts,
         wasted_ms: 0.0,
+        flags: Default::default(),
+        spent: None,
     }
 }
 

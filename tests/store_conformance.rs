@@ -733,6 +733,44 @@ async fn stale_summaries_are_listed_newest_first_and_rewritten_only_while_stale(
     .await;
 }
 
+/// A trace's hop samples come back as they were written, with every flag each hop owns and
+/// who sent a spent request where its budget ran out: what the hop page and the alerter
+/// read instead of analysing the traces again.
+#[tokio::test]
+async fn hop_samples_come_back_as_written() {
+    on_every_store(|store, backend| async move {
+        let spans = budgetscope::core::analyze::fixture::parse(
+            r#"
+edge server "GET /" 0 1200 budget=1000
+  edge client "billing" 1100 60 budget=-100
+    billing server "Charge" 1101 40 budget=-100
+"#,
+        );
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let summary = summarize(&spans, &analysis).unwrap();
+        let hops = samples(&spans, &analysis);
+        assert!(
+            hops.iter().any(|h| h.spent.is_some()),
+            "billing arrived spent"
+        );
+        assert!(hops.iter().any(|h| !h.flags.is_empty()));
+        store.write_spans(&spans).await.unwrap();
+        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        store
+            .write_summaries(&[(summary, hops.clone())], &marks)
+            .await
+            .unwrap();
+        let trace_id = spans[0].trace_id;
+        let read = store
+            .hop_samples(&[trace_id, TraceId([9; 16])])
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 1, "{backend}: no samples of an unknown trace");
+        assert_eq!(read[&trace_id], hops, "{backend}");
+    })
+    .await;
+}
+
 /// Several servers on one Postgres database: a quiet trace one server took is passed over
 /// by the others until it is written or a span arrives, and the server that took it can
 /// take it again (a pass that failed).

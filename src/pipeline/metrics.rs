@@ -346,6 +346,8 @@ mod tests {
                 self_ms: 10.0,
                 counts,
                 wasted_ms: 4.0,
+                flags: Default::default(),
+                spent: None,
             },
             1,
         );

@@ -139,6 +139,13 @@ pub trait TraceReader: Send + Sync {
 
     /// Summaries matching the query, newest first.
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>;
+
+    /// The stored hop samples of the analysed traces among `trace_ids`: what the hop page
+    /// and the alerter read of many traces instead of analysing each again.
+    async fn hop_samples(
+        &self,
+        trace_ids: &[TraceId],
+    ) -> Result<HashMap<TraceId, Vec<HopSample>>, StoreError>;
 }
 
 /// Traces waiting for analysis, and the summaries analysis writes.

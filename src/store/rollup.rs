@@ -11,8 +11,10 @@ use super::backend::{Backend, SqlStore, Writer as _};
 use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
+use crate::core::analyze::Flag;
 use crate::core::analyze::hops::{
-    COUNTED, Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, minute_of,
+    COUNTED, Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, SpentArrival,
+    minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
@@ -104,8 +106,12 @@ pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
 
 /// One hop sample as its trace's summary keeps it (the `hops` column, a JSON array of
 /// these): service, operation, start, budget, burn, self time, counts ("1,0,…" in the
-/// order of `COUNTED`), wasted ms.
-type StoredHop = (
+/// order of `COUNTED`), wasted ms, every flag it owns ("inflated:1,retry:2"), and when it
+/// arrived already spent, "caller service TAB caller operation TAB origin service TAB
+/// origin operation" (the origin empty when there is none). Samples stored before the last
+/// two existed read as having neither; the re-analysis after an upgrade fills them in.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredHop(
     String,
     String,
     i64,
@@ -114,6 +120,8 @@ type StoredHop = (
     Option<f64>,
     String,
     Option<f64>,
+    #[serde(default)] String,
+    #[serde(default)] Option<String>,
 );
 
 /// A trace's hop samples for its summary's `hops` column, so that re-analysing the trace
@@ -122,7 +130,7 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
     let stored: Vec<StoredHop> = hops
         .iter()
         .map(|hop| {
-            (
+            StoredHop(
                 hop.service.clone(),
                 hop.operation.clone(),
                 i64::try_from(hop.start_unix_nano).unwrap_or(i64::MAX),
@@ -131,6 +139,22 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                 Some(hop.self_ms),
                 encode_counts(&hop.counts),
                 Some(hop.wasted_ms),
+                hop.flags
+                    .iter()
+                    .map(|(flag, n)| format!("{}:{n}", flag.as_str()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                hop.spent.as_ref().map(|spent| {
+                    let (origin_service, origin_operation) =
+                        spent.origin.clone().unwrap_or_default();
+                    [
+                        spent.caller.0.as_str(),
+                        &spent.caller.1,
+                        &origin_service,
+                        &origin_operation,
+                    ]
+                    .join("\t")
+                }),
             )
         })
         .collect();
@@ -143,7 +167,18 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
     stored
         .into_iter()
         .map(
-            |(service, operation, start, budget_ms, burn, self_ms, counts, wasted)| {
+            |StoredHop(
+                service,
+                operation,
+                start,
+                budget_ms,
+                burn,
+                self_ms,
+                counts,
+                wasted,
+                flags,
+                spent,
+            )| {
                 let mut parsed = [0; COUNTED.len()];
                 for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
                     *slot = value.parse().unwrap_or(0);
@@ -157,6 +192,23 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                     self_ms: self_ms.unwrap_or(0.0),
                     counts: parsed,
                     wasted_ms: wasted.unwrap_or(0.0),
+                    flags: flags
+                        .split(',')
+                        .filter_map(|pair| {
+                            let (flag, n) = pair.split_once(':')?;
+                            Some((Flag::from_name(flag)?, n.parse().ok()?))
+                        })
+                        .collect(),
+                    spent: spent.map(|text| {
+                        let mut parts = text.split('\t').map(str::to_string);
+                        let mut next = || parts.next().unwrap_or_default();
+                        let caller = (next(), next());
+                        let origin = (next(), next());
+                        SpentArrival {
+                            caller,
+                            origin: (!origin.0.is_empty()).then_some(origin),
+                        }
+                    }),
                 }
             },
         )
@@ -374,6 +426,8 @@ mod tests {
                     self_ms,
                     counts,
                     wasted_ms,
+                    flags: Default::default(),
+                    spent: None,
                 }
             };
         vec![

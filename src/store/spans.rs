@@ -12,8 +12,10 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::backend::{Backend, SqlStore, Writer as _};
 use super::query::{Cursor, StoredSummary, TraceQuery, finish_search, start_search};
+use super::rollup::decode_hops;
 use super::summaries::{delete_summaries_before, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
+use crate::core::analyze::hops::HopSample;
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::attr_json;
 use crate::core::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
@@ -47,6 +49,7 @@ where
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i16): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
         let mut q = spans_of::<B::Db>(&[trace_id], " ORDER BY start_unix_nano, span_id");
@@ -141,6 +144,27 @@ where
         finish_search(&mut q, order, query.limit);
         let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(self.backend.reader()).await?;
         rows.into_iter().map(StoredSummary::decode).collect()
+    }
+
+    async fn hop_samples(
+        &self,
+        trace_ids: &[TraceId],
+    ) -> Result<HashMap<TraceId, Vec<HopSample>>, StoreError> {
+        let mut samples = HashMap::new();
+        for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
+            let mut q = QueryBuilder::<B::Db>::new(
+                "SELECT trace_id, hops FROM trace_summaries WHERE trace_id IN ",
+            );
+            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+            let rows: Vec<(Vec<u8>, String)> =
+                q.build_query_as().fetch_all(self.backend.reader()).await?;
+            for (id, hops) in rows {
+                let id = TraceId::from_bytes(&id)
+                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
+                samples.insert(id, decode_hops(&hops));
+            }
+        }
+        Ok(samples)
     }
 }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Analysis, AnalyzeOptions, Exceed, Flag, Role, analyze};
+use super::{Analysis, Exceed, Flag, Role};
 use crate::core::model::{Span, TraceId};
 
 /// Buckets per doubling.
@@ -144,6 +144,22 @@ pub struct HopSample {
     /// Counts, indexed like `COUNTED`, of flags on the hop and on the calls it made.
     pub counts: [i64; COUNTED.len()],
     pub wasted_ms: f64,
+    /// Every flag on the rows the hop owns (itself, its calls), as the trace page shows them:
+    /// the hop page's "this hop" beside "elsewhere in the trace".
+    pub flags: BTreeMap<Flag, usize>,
+    /// Set when the hop arrived with its budget already spent.
+    pub spent: Option<SpentArrival>,
+}
+
+/// A request that arrived at a hop already spent: who sent it, and where upstream its
+/// budget ran out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpentArrival {
+    /// (service, operation) of the hop that called it; empty strings for a caller outside
+    /// any instrumented hop.
+    pub caller: (String, String),
+    /// The nearest origin hop upstream of it, when the request has one there.
+    pub origin: Option<(String, String)>,
 }
 
 /// What a rollup counts, in column order: flags, and `origin`, the exceeded requests whose
@@ -167,6 +183,7 @@ fn counted_index(flag: Flag) -> Option<usize> {
 /// The hop samples of an analysed trace. Flags of a call (inflated, doomed, retry) count
 /// for the hop that made it; an origin counts for its own hop.
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
+    let spent = spent_arrivals(spans, analysis);
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
     for row in analysis.rows.iter().filter(|row| row.role == Role::Hop) {
         let span = &spans[row.span];
@@ -181,6 +198,8 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
                 self_ms: row.self_ms.unwrap_or(0.0),
                 counts: [0; COUNTED.len()],
                 wasted_ms: row.wasted_ms.unwrap_or(0.0),
+                flags: BTreeMap::new(),
+                spent: spent.get(&row.span).cloned(),
             },
         );
     }
@@ -188,6 +207,9 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
         let Some(sample) = row.owner.and_then(|o| by_span.get_mut(&o)) else {
             continue;
         };
+        for note in &row.flags {
+            *sample.flags.entry(note.flag).or_default() += 1;
+        }
         for note in &row.flags {
             // The exceed field is authoritative for the two exceed counts.
             if matches!(note.flag, Flag::InheritedExceed | Flag::LocalExceed) {
@@ -381,32 +403,36 @@ impl Spent {
             .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
             .map(|(hop, _)| hop.clone())
     }
-}
 
-/// `Spent` for one hop identity over the spans of several traces.
-pub fn spent_at(
-    spans: Vec<Span>,
-    service: &str,
-    operation: &str,
-    options: &AnalyzeOptions,
-) -> Spent {
-    let mut out = Spent::default();
-    for (id, spans) in by_trace(spans) {
-        let analysis = analyze(&spans, options);
-        add_spent(&spans, &analysis, service, operation, id, &mut out);
+    /// Adds one trace's already-spent arrivals at the hop identity, from its stored samples.
+    pub fn add(
+        &mut self,
+        trace_id: TraceId,
+        samples: &[HopSample],
+        service: &str,
+        operation: &str,
+    ) {
+        for sample in samples {
+            let Some(arrival) = &sample.spent else {
+                continue;
+            };
+            if sample.service != service || sample.operation != operation {
+                continue;
+            }
+            let entry = self
+                .callers
+                .entry(arrival.caller.clone())
+                .or_insert((0, trace_id.to_hex()));
+            entry.0 += 1;
+            if let Some(origin) = &arrival.origin {
+                *self.origins.entry(origin.clone()).or_default() += 1;
+            }
+        }
     }
-    out
 }
 
-/// Adds one analysed trace's already-spent arrivals at the hop identity to `out`.
-pub fn add_spent(
-    spans: &[Span],
-    analysis: &Analysis,
-    service: &str,
-    operation: &str,
-    id: TraceId,
-    out: &mut Spent,
-) {
+/// Each inherited hop's `SpentArrival`, by the hop's span index.
+fn spent_arrivals(spans: &[Span], analysis: &Analysis) -> HashMap<usize, SpentArrival> {
     let row_of: HashMap<usize, usize> = analysis
         .rows
         .iter()
@@ -424,36 +450,33 @@ pub fn add_spent(
         .map(|&r| analysis.rows[r].span)
         .collect();
     let parent = |i: usize| spans[i].parent_span_id.and_then(|p| index.get(&p).copied());
+    let identity = |i: usize| (spans[i].service.clone(), spans[i].name.clone());
+    let mut out = HashMap::new();
     for row in &analysis.rows {
-        let span = &spans[row.span];
-        if row.role != Role::Hop
-            || row.exceed != Some(Exceed::Inherited)
-            || span.service != service
-            || span.name != operation
-        {
+        if row.role != Role::Hop || row.exceed != Some(Exceed::Inherited) {
             continue;
         }
         // The caller: the owner hop of the call span that reached this hop.
-        let owner = parent(row.span)
+        let caller = parent(row.span)
             .and_then(|c| row_of.get(&c))
             .and_then(|&r| analysis.rows[r].owner)
-            .map(|o| (spans[o].service.clone(), spans[o].name.clone()))
+            .map(identity)
             .unwrap_or_default();
-        let entry = out.callers.entry(owner).or_insert((0, id.to_hex()));
-        entry.0 += 1;
         // The origin: the nearest ancestor where the request ran out. The walk is bounded
         // by the span count, so a parent cycle cannot loop.
+        let mut origin = None;
         let mut at = parent(row.span);
         for _ in 0..spans.len() {
             let Some(i) = at else { break };
             if origins.contains(&i) {
-                let hop = (spans[i].service.clone(), spans[i].name.clone());
-                *out.origins.entry(hop).or_default() += 1;
+                origin = Some(identity(i));
                 break;
             }
             at = parent(i);
         }
+        out.insert(row.span, SpentArrival { caller, origin });
     }
+    out
 }
 
 /// One hop identity's part of a trace's flags: those on its hops and on the calls they
@@ -465,24 +488,34 @@ pub struct FlagsAt {
     pub origin: bool,
 }
 
-pub fn flags_at(spans: &[Span], analysis: &Analysis, service: &str, operation: &str) -> FlagsAt {
-    let is_here = |span: usize| spans[span].service == service && spans[span].name == operation;
-    let mut out = FlagsAt::default();
-    for row in &analysis.rows {
-        let counts = if row.owner.is_some_and(is_here) {
-            &mut out.here
-        } else {
-            &mut out.elsewhere
+impl FlagsAt {
+    /// From a trace's stored samples and its summary's flag counts (every flag of the trace).
+    pub fn of(
+        samples: &[HopSample],
+        flag_counts: &BTreeMap<Flag, usize>,
+        service: &str,
+        operation: &str,
+    ) -> FlagsAt {
+        let mut out = FlagsAt {
+            elsewhere: flag_counts.clone(),
+            ..FlagsAt::default()
         };
-        for note in &row.flags {
-            *counts.entry(note.flag).or_default() += 1;
+        let origin = COUNTED.len() - 1;
+        for sample in samples
+            .iter()
+            .filter(|s| s.service == service && s.operation == operation)
+        {
+            out.origin |= sample.counts[origin] > 0;
+            for (flag, n) in &sample.flags {
+                *out.here.entry(*flag).or_default() += n;
+                if let Some(left) = out.elsewhere.get_mut(flag) {
+                    *left = left.saturating_sub(*n);
+                }
+            }
         }
+        out.elsewhere.retain(|_, n| *n > 0);
+        out
     }
-    out.origin = analysis
-        .origins
-        .iter()
-        .any(|&r| is_here(analysis.rows[r].span));
-    out
 }
 
 /// The minute a sample belongs to, as unix nanoseconds at the minute's start.
@@ -558,7 +591,10 @@ edge server "GET /" 0 1200 budget=1000
     fn a_hops_flags_are_told_apart_from_the_rest_of_the_trace() {
         let spans = parse(DOOMED_BILLING);
         let analysis = analyze(&spans, &AnalyzeOptions::default());
-        let edge = flags_at(&spans, &analysis, "edge", "GET /");
+        let stored = samples(&spans, &analysis);
+        let flags_at =
+            |service, operation| FlagsAt::of(&stored, &analysis.flag_counts, service, operation);
+        let edge = flags_at("edge", "GET /");
         assert!(edge.origin, "the request ran out at edge");
         assert_eq!(
             edge.here.keys().map(|f| f.as_str()).collect::<Vec<_>>(),
@@ -572,7 +608,7 @@ edge server "GET /" 0 1200 budget=1000
                 .collect::<Vec<_>>(),
             ["inherited_exceed"]
         );
-        let billing = flags_at(&spans, &analysis, "billing", "Charge");
+        let billing = flags_at("billing", "Charge");
         assert!(!billing.origin);
         assert_eq!(billing.here.len(), 1);
         assert_eq!(billing.here.get(&Flag::InheritedExceed), Some(&1));
@@ -598,16 +634,17 @@ edge server "GET /" 0 1000 budget=700
 "#,
         );
         let orders = ("orders".to_string(), "POST /orders".to_string());
-        let spent = spent_at(
-            spans.clone(),
-            "billing",
-            "Charge",
-            &AnalyzeOptions::default(),
-        );
+        let stored = samples(&spans, &analyze(&spans, &AnalyzeOptions::default()));
+        let spent_at = |service, operation| {
+            let mut spent = Spent::default();
+            spent.add(spans[0].trace_id, &stored, service, operation);
+            spent
+        };
+        let spent = spent_at("billing", "Charge");
         assert_eq!(spent.callers.keys().collect::<Vec<_>>(), [&orders]);
         assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
         // Two hops down, the caller is billing; the budget still ran out at orders.
-        let spent = spent_at(spans, "ledger", "Append", &AnalyzeOptions::default());
+        let spent = spent_at("ledger", "Append");
         assert_eq!(
             spent.callers.keys().collect::<Vec<_>>(),
             [&("billing".to_string(), "Charge".to_string())]

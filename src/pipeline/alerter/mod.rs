@@ -433,6 +433,7 @@ async fn spent_callers(
         limit: SPENT_TRACES,
         ..TraceQuery::default()
     };
+    // From the traces' stored hop samples, as the rollups that fired the rule were.
     let found = async {
         let ids: Vec<_> = store
             .search_traces(&query)
@@ -441,25 +442,22 @@ async fn spent_callers(
             .map(|t| t.trace_id)
             .collect();
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         }
-        store.traces(&ids).await
+        store.hop_samples(&ids).await
     }
     .await;
-    let spans = match found {
-        Ok(spans) => spans,
+    let samples = match found {
+        Ok(samples) => samples,
         Err(error) => {
             tracing::warn!(%error, rule = %rule.name, "could not look up who sent spent requests");
             return (Vec::new(), None);
         }
     };
-    let (service, operation) = (instance.service.clone(), instance.operation.clone());
-    let analyze = options.analyze.clone();
-    let spent = tokio::task::spawn_blocking(move || {
-        crate::core::analyze::hops::spent_at(spans, &service, &operation, &analyze)
-    })
-    .await
-    .unwrap_or_default();
+    let mut spent = crate::core::analyze::hops::Spent::default();
+    for (id, samples) in &samples {
+        spent.add(*id, samples, &instance.service, &instance.operation);
+    }
     let origin = spent.top_origin();
     let mut ranked: Vec<SpentCaller> = spent
         .callers

@@ -3,7 +3,7 @@
 //! it requests whose budget is already spent, and its recent flagged traces (with this
 //! hop's flags told apart from the rest of the trace's).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use askama::Template;
 use axum::extract::{Path, Query, State};
@@ -14,10 +14,8 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
-use crate::core::analyze::hops::{
-    FlagsAt, Histogram, Rollup, Spent, add_spent, by_trace, flags_at,
-};
-use crate::core::analyze::{Flag, analyze};
+use crate::core::analyze::Flag;
+use crate::core::analyze::hops::{FlagsAt, Histogram, Rollup, Spent};
 use crate::core::model::TraceId;
 use crate::store::query::TraceQuery;
 use crate::web::AppState;
@@ -123,33 +121,32 @@ pub async fn hop(
         .filter(|t| !t.flag_counts.is_empty() || t.outcome.as_str() == "exceeded")
         .take(RECENT)
         .collect();
-    let spent_ids: HashSet<TraceId> = spent.iter().map(|t| t.trace_id).collect();
-    let recent_ids: HashSet<TraceId> = recent.iter().map(|t| t.trace_id).collect();
-    let ids: Vec<TraceId> = spent_ids.union(&recent_ids).copied().collect();
-    let spans = if ids.is_empty() {
-        Vec::new()
+    // The callers and this hop's flags come from the traces' stored hop samples (what the
+    // analyzer wrote, as the statistics above), not from analysing each trace again.
+    let mut ids: Vec<TraceId> = spent.iter().chain(&recent).map(|t| t.trace_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let samples = if ids.is_empty() {
+        HashMap::new()
     } else {
-        state.store.traces(&ids).await?
+        state.store.hop_samples(&ids).await?
     };
-    let options = state.analyze.clone();
-    let (svc, op) = (service.clone(), operation.clone());
-    // Each trace is analysed once, for the callers and for this hop's flags.
-    let (spent_here, mut flags) = tokio::task::spawn_blocking(move || {
-        let mut spent = Spent::default();
-        let mut flags: HashMap<TraceId, FlagsAt> = HashMap::new();
-        for (id, spans) in by_trace(spans) {
-            let analysis = analyze(&spans, &options);
-            if spent_ids.contains(&id) {
-                add_spent(&spans, &analysis, &svc, &op, id, &mut spent);
-            }
-            if recent_ids.contains(&id) {
-                flags.insert(id, flags_at(&spans, &analysis, &svc, &op));
-            }
+    let mut spent_here = Spent::default();
+    for trace in &spent {
+        if let Some(samples) = samples.get(&trace.trace_id) {
+            spent_here.add(trace.trace_id, samples, &service, &operation);
         }
-        (spent, flags)
-    })
-    .await
-    .unwrap_or_default();
+    }
+    let mut flags: HashMap<TraceId, FlagsAt> = recent
+        .iter()
+        .filter_map(|t| {
+            let samples = samples.get(&t.trace_id)?;
+            Some((
+                t.trace_id,
+                FlagsAt::of(samples, &t.flag_counts, &service, &operation),
+            ))
+        })
+        .collect();
     let badges = |counts: &BTreeMap<Flag, usize>| -> Vec<Badge> {
         counts
             .iter()
@@ -250,7 +247,7 @@ pub async fn hop(
         recent: recent
             .iter()
             .map(|t| {
-                // A trace whose spans went (retention) between search and load shows its
+                // A trace whose summary went (retention) between search and load shows its
                 // summary's flags as elsewhere.
                 let at = flags.remove(&t.trace_id).unwrap_or_else(|| FlagsAt {
                     elsewhere: t.flag_counts.clone(),
