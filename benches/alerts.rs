@@ -17,6 +17,7 @@ use budgetscope::core::analyze::hops::{COUNTED, HopSample, Rollup};
 use budgetscope::core::analyze::summary::TraceSummary;
 use budgetscope::core::model::TraceId;
 use budgetscope::pipeline::alerter::{AlerterOptions, evaluate_once};
+use budgetscope::store::query::RollupQuery;
 
 const SERVICES: usize = 100;
 const OPERATIONS: usize = 100;
@@ -188,12 +189,11 @@ async fn end_to_end(rules: &RuleSet, now: u64) {
     for minutes in [5, 10] {
         let started = Instant::now();
         let rows = store
-            .hop_rollups(&budgetscope::store::query::RollupQuery {
+            .hop_rollups(&RollupQuery {
                 since_unix_nano: now - minutes * MINUTE,
                 until_unix_nano: now + MINUTE,
-                service: None,
-                operation: None,
                 hourly: true,
+                ..Default::default()
             })
             .await
             .expect("rollups read");

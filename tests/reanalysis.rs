@@ -15,6 +15,7 @@ use budgetscope::pipeline::held::HeldTraces;
 use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
 use budgetscope::store::Store;
+use budgetscope::store::query::RollupQuery;
 use budgetscope::store::query::TraceQuery;
 use common::{TestDb, a_minute_ago, fixture_trace};
 
@@ -53,12 +54,12 @@ async fn write_traces(store: &dyn Store, n: u16) {
 async fn edge_rollup(store: &dyn Store) -> Rollup {
     let now = common::now_nanos();
     let rows = store
-        .hop_rollups(&budgetscope::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: now - 600_000_000_000,
             until_unix_nano: now + 60_000_000_000,
             service: Some("edge"),
             operation: Some("GET /late"),
-            hourly: false,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -11,6 +11,7 @@ use budgetscope::core::analyze::{AnalyzeOptions, analyze};
 use budgetscope::core::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
+use budgetscope::store::query::RollupQuery;
 use budgetscope::store::{self, Operation, Store};
 use common::{TestDb, bulk_spans, file_size, span};
 
@@ -585,12 +586,10 @@ fn analysed_trace(trace: u8) -> (Vec<Span>, (TraceSummary, Vec<HopSample>)) {
 /// Requests counted in the hop rollups of every minute.
 async fn rollup_requests(store: &dyn Store) -> i64 {
     store
-        .hop_rollups(&budgetscope::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: 0,
             until_unix_nano: 3_600_000_000_000,
-            service: None,
-            operation: None,
-            hourly: false,
+            ..Default::default()
         })
         .await
         .unwrap()

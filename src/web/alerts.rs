@@ -18,6 +18,7 @@ use crate::core::alerts::rules::{Rule, RuleError, RuleSource, RuleSpec, validate
 use crate::core::alerts::silence::{Silence, parse_matchers};
 use crate::pipeline::alerter::{self, refresh_stored_rules};
 use crate::store::query::HistoryQuery;
+use crate::store::query::NotificationQuery;
 
 /// The most rows one history or delivery-log request returns.
 const MAX_LIMIT: u32 = 10_000;
@@ -139,7 +140,7 @@ pub async fn notifications(
     let rule = non_empty(&params, "rule");
     let found = state
         .store
-        .notifications(&crate::store::query::NotificationQuery {
+        .notifications(&NotificationQuery {
             rule: rule.as_deref(),
             limit: limit(&params, 100)?,
         })

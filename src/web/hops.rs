@@ -13,6 +13,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::search::parse_time;
 use crate::core::analyze::hops::{COUNTED, Rollup};
+use crate::store::query::RollupQuery;
 
 /// Most points a series may have.
 const MAX_POINTS: u64 = 10_000;
@@ -96,12 +97,12 @@ pub async fn hops(
         .filter(|s| !s.is_empty());
     let rows = state
         .store
-        .hop_rollups(&crate::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: since,
             until_unix_nano: until,
-            service: service,
-            operation: None,
+            service,
             hourly: true,
+            ..Default::default()
         })
         .await?;
     let reported =
@@ -165,7 +166,7 @@ pub async fn series(
     let hourly = step % (60 * MINUTE) == 0;
     let rows = state
         .store
-        .hop_rollups(&crate::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: since,
             until_unix_nano: until,
             service: Some(&service),

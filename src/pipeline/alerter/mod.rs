@@ -32,6 +32,7 @@ use crate::core::analyze::hops::Rollup;
 use crate::pipeline::lease::Lease;
 use crate::store::AlertWrite;
 use crate::store::query::TraceQuery;
+use crate::store::query::{MetricsQuery, RollupQuery};
 use crate::store::{Store, StoreError};
 
 const MINUTE: u64 = 60_000_000_000;
@@ -83,12 +84,10 @@ async fn read_windows(
             .map(|l| (*l, window_range(now, delay, *l).0))
             .collect();
         for row in store
-            .hop_rollups(&crate::store::query::RollupQuery {
+            .hop_rollups(&RollupQuery {
                 since_unix_nano: since,
                 until_unix_nano: until,
-                service: None,
-                operation: None,
-                hourly: false,
+                ..Default::default()
             })
             .await?
         {
@@ -109,12 +108,11 @@ async fn read_windows(
         let (since, until) = window_range(now, delay, length);
         let merged = windows.entry(length).or_default();
         for row in store
-            .hop_rollups(&crate::store::query::RollupQuery {
+            .hop_rollups(&RollupQuery {
                 since_unix_nano: since,
                 until_unix_nano: until,
-                service: None,
-                operation: None,
                 hourly: true,
+                ..Default::default()
             })
             .await?
         {
@@ -129,12 +127,10 @@ async fn read_windows(
         let (since, until) = window_range(now, delay, *length);
         let merged = windows.entry(*length).or_default();
         for row in store
-            .reported(&crate::store::query::MetricsQuery {
+            .reported(&MetricsQuery {
                 since_unix_nano: since,
                 until_unix_nano: until,
-                service: None,
-                operation: None,
-                per_minute: false,
+                ..Default::default()
             })
             .await?
         {
@@ -349,22 +345,22 @@ async fn context(
     let (since, until) = window_range(now, options.delay, rule.window);
     let (service, operation) = (Some(&instance.service[..]), Some(&instance.operation[..]));
     let rows = store
-        .hop_rollups(&crate::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: since,
             until_unix_nano: until,
-            service: service,
-            operation: operation,
+            service,
+            operation,
             hourly: true,
         })
         .await
         .unwrap_or_default();
     let reported = store
-        .reported(&crate::store::query::MetricsQuery {
+        .reported(&MetricsQuery {
             since_unix_nano: since,
             until_unix_nano: until,
-            service: service,
-            operation: operation,
-            per_minute: false,
+            service,
+            operation,
+            ..Default::default()
         })
         .await
         .unwrap_or_default();
@@ -492,17 +488,17 @@ pub async fn backtest(
     let from = to.saturating_sub(nanos(BACKTEST_SPAN));
     let since = from.saturating_sub(nanos(rule.window) + MINUTE);
     let rows = store
-        .hop_rollups(&crate::store::query::RollupQuery {
+        .hop_rollups(&RollupQuery {
             since_unix_nano: since,
             until_unix_nano: to,
             service: rule.service.literal(),
             operation: rule.operation.literal(),
-            hourly: false,
+            ..Default::default()
         })
         .await?;
     // The hops' deadline metrics, minute by minute beside the traces' rollups.
     let reported = store
-        .reported(&crate::store::query::MetricsQuery {
+        .reported(&MetricsQuery {
             since_unix_nano: since,
             until_unix_nano: to,
             service: rule.service.literal(),

@@ -15,6 +15,7 @@ use crate::core::alerts::notify::{Notification, fmt_value, labels};
 use crate::core::alerts::rules::{Rule, RuleSet};
 use crate::core::alerts::silence::{Silence, silenced_by};
 use crate::store::query::HistoryQuery;
+use crate::store::query::NotificationQuery;
 use crate::web::AppState;
 use crate::web::alerts::problems_message;
 use crate::web::charts;
@@ -307,7 +308,7 @@ pub async fn alerts(AxumState(state): AxumState<AppState>) -> Result<Response, P
     });
     let deliveries = state
         .store
-        .notifications(&crate::store::query::NotificationQuery {
+        .notifications(&NotificationQuery {
             rule: None,
             limit: DELIVERIES,
         })
@@ -436,7 +437,7 @@ pub async fn rule(
         .await?;
     let deliveries = state
         .store
-        .notifications(&crate::store::query::NotificationQuery {
+        .notifications(&NotificationQuery {
             rule: Some(&name),
             limit: DELIVERIES,
         })

@@ -25,6 +25,7 @@ use super::error::ApiError;
 use super::search::parse_time;
 use crate::core::analyze::fmt_ms;
 use crate::store::StoreError;
+use crate::store::query::{MetricsQuery, RollupQuery};
 
 pub const MINUTE: u64 = 60_000_000_000;
 
@@ -207,11 +208,11 @@ pub async fn with_reported(
     by_minute: bool,
 ) -> Result<Vec<crate::core::analyze::hops::HopRollupRow>, StoreError> {
     Ok(store
-        .reported(&crate::store::query::MetricsQuery {
+        .reported(&MetricsQuery {
             since_unix_nano: since,
             until_unix_nano: until,
-            service: service,
-            operation: operation,
+            service,
+            operation,
             per_minute: by_minute,
         })
         .await?
@@ -431,11 +432,11 @@ impl TimeRange {
         let (since, until) = self.aligned();
         let hourly = self.step().is_multiple_of(60 * MINUTE);
         let mut rows = store
-            .hop_rollups(&crate::store::query::RollupQuery {
+            .hop_rollups(&RollupQuery {
                 since_unix_nano: since,
                 until_unix_nano: until,
-                service: service,
-                operation: operation,
+                service,
+                operation,
                 hourly: hourly,
             })
             .await?;
