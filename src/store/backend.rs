@@ -95,9 +95,4 @@ impl<B: Backend> SqlStore<B> {
     pub fn new(backend: B) -> SqlStore<B> {
         SqlStore { backend }
     }
-
-    /// The backend, for what only it does (the benchmark's raw insert ceiling).
-    pub fn inner(&self) -> &B {
-        &self.backend
-    }
 }

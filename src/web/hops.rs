@@ -171,7 +171,7 @@ pub async fn series(
             until_unix_nano: until,
             service: Some(&service),
             operation: Some(&operation),
-            hourly: hourly,
+            hourly,
         })
         .await?;
     let reported = crate::web::pages::with_reported(

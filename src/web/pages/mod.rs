@@ -437,7 +437,7 @@ impl TimeRange {
                 until_unix_nano: until,
                 service,
                 operation,
-                hourly: hourly,
+                hourly,
             })
             .await?;
         rows.extend(
