@@ -193,6 +193,9 @@ fn read(path: &PathBuf) -> Result<Vec<Vec<u8>>, TokensError> {
         path: path.display().to_string(),
         error: error.to_string(),
     })?;
+    // Editors on some systems start a UTF-8 file with a byte-order mark; it belongs to no
+    // token (kept, it would silently disable the first one).
+    let text = text.strip_prefix('\u{FEFF}').unwrap_or(&text);
     let tokens: Vec<Vec<u8>> = text
         .lines()
         .map(str::trim)
@@ -244,6 +247,17 @@ mod tests {
             "no colon"
         );
         assert!(!tokens.authorizes(Some(&header("Token alpha-1")), true));
+    }
+
+    /// Regression: a tokens file saved with a byte-order mark silently disabled its first
+    /// token (the mark became part of it).
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_token() {
+        let (_dir, with_mark) = tokens("\u{FEFF}alpha-1\nbeta-2\n");
+        assert!(with_mark.authorizes(Some(&header("Bearer alpha-1")), false));
+        assert!(with_mark.authorizes(Some(&header("Bearer beta-2")), false));
+        let (_dir, comment_first) = tokens("\u{FEFF}# ops\ngamma-3\n");
+        assert!(comment_first.authorizes(Some(&header("Bearer gamma-3")), false));
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
