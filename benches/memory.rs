@@ -74,6 +74,7 @@ fn peak_of<T>(work: impl FnOnce() -> T) -> (T, usize) {
 fn options() -> NormalizeOptions {
     NormalizeOptions {
         budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        retention: None,
     }
 }
 

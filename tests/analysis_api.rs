@@ -84,11 +84,7 @@ async fn a_real_exporters_inflated_call_is_flagged_in_the_api() {
 async fn the_tolerance_setting_reaches_the_analysis() {
     let db = TestDb::sqlite();
     let server = start(&db, &["--tolerance-ms", "1000"]).await;
-    let body = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/inflated_checkout.otlp.json"
-    ))
-    .unwrap();
+    let body = common::fixture_json_a_minute_ago("inflated_checkout.otlp.json");
     let response = reqwest::Client::new()
         .post(format!("http://{}/v1/traces", server.otlp_http_addr))
         .header("content-type", "application/json")

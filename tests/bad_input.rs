@@ -302,6 +302,26 @@ fn cases() -> Vec<Case> {
             stored: Some((10, vec!["good"])),
         },
         Case {
+            // Retention (7 days by default) would delete it at its next pass: the answer
+            // says so instead of acknowledging a span that is gone a minute later.
+            name: "a span older than the retention beside a current one",
+            content_type: json_ct,
+            encoding: None,
+            body: json_request(vec![
+                {
+                    let mut s = span_json(16, 1, "last week");
+                    let start = now_nanos() - 8 * 86_400 * 1_000_000_000;
+                    s["startTimeUnixNano"] = json!(start.to_string());
+                    s["endTimeUnixNano"] = json!((start + 5_000_000).to_string());
+                    s
+                },
+                span_json(16, 2, "now"),
+            ]),
+            status: 200,
+            message: "rejected 1 of 2 spans: started before the retention period (7days)",
+            stored: Some((16, vec!["now"])),
+        },
+        Case {
             name: "absurd timestamps beside a valid span (protobuf)",
             content_type: proto_ct,
             encoding: Some("gzip"),

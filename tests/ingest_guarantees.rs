@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use budgetscope::store;
 use common::{TestDb, get_json, now_nanos, start};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 use prost::Message as _;
 use sqlx::Connection as _;
@@ -351,29 +353,39 @@ async fn shutdown_commits_every_acknowledged_span() {
 async fn retention_removes_spans_older_than_the_setting() {
     let db = TestDb::sqlite();
     let server = start(&db, &["--retention", "1m"]).await;
-    let mut old = request(60, 2);
-    let hour_ago = now_nanos() - 3_600 * 1_000_000_000;
-    for span in &mut old.resource_spans[0].scope_spans[0].spans {
-        span.start_time_unix_nano = hour_ago;
-        span.end_time_unix_nano = hour_ago + 1_000;
-    }
     let client = reqwest::Client::new();
-    assert_eq!(
-        post(&client, server.otlp_http_addr, old.encode_to_vec())
-            .await
-            .status(),
-        200
+    let aged = |trace: u32, age_s: u64| {
+        let mut request = request(trace, 2);
+        let start = now_nanos() - age_s * 1_000_000_000;
+        for span in &mut request.resource_spans[0].scope_spans[0].spans {
+            span.start_time_unix_nano = start;
+            span.end_time_unix_nano = start + 1_000;
+        }
+        request.encode_to_vec()
+    };
+    // Older than the retention: refused span by span, and the answer says why.
+    let refused = post(&client, server.otlp_http_addr, aged(59, 3_600)).await;
+    assert_eq!(refused.status(), 200);
+    let answer = ExportTraceServiceResponse::decode(refused.bytes().await.unwrap()).unwrap();
+    let partial = answer.partial_success.expect("partial success");
+    assert_eq!(partial.rejected_spans, 2);
+    assert!(
+        partial
+            .error_message
+            .contains("started before the retention period (1m)"),
+        "{}",
+        partial.error_message
     );
-    assert_eq!(
-        post(
-            &client,
-            server.otlp_http_addr,
-            request(61, 2).encode_to_vec()
-        )
-        .await
-        .status(),
-        200
-    );
+    assert_eq!(get_json(&server, &trace_path(59)).await.0, 404);
+    // Within it: stored, and deleted by retention once it has aged past it.
+    for (trace, age_s) in [(60, 50), (61, 0)] {
+        assert_eq!(
+            post(&client, server.otlp_http_addr, aged(trace, age_s))
+                .await
+                .status(),
+            200
+        );
+    }
     assert_eq!(
         get_json(&server, &trace_path(60)).await.0,
         200,

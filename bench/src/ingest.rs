@@ -286,6 +286,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         eprintln!("raw ceiling: normalising and encoding the same spans…");
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+            retention: None,
         };
         let now = budgetscope::clock::now_unix_nano();
         let spans: Vec<_> = prepared

@@ -50,6 +50,7 @@ pub fn receive_bench(bench: &ReceiveBench) {
     let spans = bench.spans.max(1) as f64;
     let options = NormalizeOptions {
         budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        retention: None,
     };
     let now = budgetscope::clock::now_unix_nano();
     let ns_per_span = |f: &dyn Fn(&Bytes)| {
@@ -189,6 +190,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let store = store::open(&url).await?;
     let options = NormalizeOptions {
         budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+        retention: None,
     };
     let day = Duration::from_secs(86_400);
 

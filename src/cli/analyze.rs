@@ -49,6 +49,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not OTLP/JSON trace data", args.input))?;
     let options = NormalizeOptions {
         budget_keys: args.budget_keys.clone(),
+        retention: None,
     };
     let now = crate::clock::now_unix_nano();
     let mut traces: Vec<(TraceId, Vec<Span>)> = Vec::new();

@@ -257,6 +257,7 @@ mod tests {
                         .iter()
                         .map(|k| k.to_string())
                         .collect(),
+                    retention: None,
                 };
                 let normalized = normalize_decoded(decoded, &options, NOW);
                 let mut out: Vec<String> = normalized

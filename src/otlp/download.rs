@@ -171,6 +171,7 @@ mod tests {
                 .iter()
                 .map(|k| k.to_string())
                 .collect(),
+            retention: None,
         };
         let original = normalize(request, &options, u64::MAX / 2).spans;
         assert!(!original.is_empty());
@@ -189,6 +190,7 @@ mod tests {
                 .iter()
                 .map(|k| k.to_string())
                 .collect(),
+            retention: None,
         };
         let again = normalize(to_request(&spans), &options, u64::MAX / 2).spans;
         let services = |spans: &[Span]| -> Vec<(String, String)> {

@@ -350,6 +350,7 @@ mod tests {
         assert_eq!(requests.len(), 10);
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+            retention: None,
         };
         let now = now_unix_nano();
         let spans: Vec<_> = requests

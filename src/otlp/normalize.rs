@@ -43,6 +43,9 @@ const MAX_LISTED_REASONS: usize = 5;
 #[derive(Debug, Clone)]
 pub struct NormalizeOptions {
     pub budget_keys: Vec<String>,
+    /// Spans that started longer ago than this are rejected: retention would delete them
+    /// at its next pass (`--retention`; none for `budgetscope analyze`).
+    pub retention: Option<std::time::Duration>,
 }
 
 /// The spans of one export request, split into valid spans and rejections.
@@ -140,7 +143,7 @@ pub fn normalize(
             for span in scope_spans.spans {
                 // Checked before the span is taken apart, so that a rejection can name it;
                 // describing every span cost measurable server time under load (`budgetscope-bench receive`).
-                match validate(&span, now_unix_nano) {
+                match validate(&span, now_unix_nano, options.retention) {
                     Ok(ids) => {
                         let mut span =
                             convert_span(span, ids, &service, &resource, &scope, options);
@@ -173,7 +176,11 @@ struct Ids {
 }
 
 /// Everything that makes a span invalid as a whole: its ids and its timestamps.
-fn validate(span: &otlp::Span, now_unix_nano: u64) -> Result<Ids, String> {
+fn validate(
+    span: &otlp::Span,
+    now_unix_nano: u64,
+    retention: Option<std::time::Duration>,
+) -> Result<Ids, String> {
     let trace_id = TraceId::from_bytes(&span.trace_id).map_err(|e| format!("trace id {e}"))?;
     let span_id = SpanId::from_bytes(&span.span_id).map_err(|e| format!("span id {e}"))?;
     let parent_span_id = match span.parent_span_id.as_slice() {
@@ -186,6 +193,15 @@ fn validate(span: &otlp::Span, now_unix_nano: u64) -> Result<Ids, String> {
         span.end_time_unix_nano,
         now_unix_nano,
     )?;
+    if let Some(retention) = retention {
+        let oldest = now_unix_nano.saturating_sub(retention.as_nanos() as u64);
+        if span.start_time_unix_nano < oldest {
+            return Err(format!(
+                "started before the retention period ({}), so it would be deleted at once",
+                humantime::format_duration(retention)
+            ));
+        }
+    }
     Ok(Ids {
         trace_id,
         span_id,
@@ -391,6 +407,7 @@ pub(crate) mod tests {
     pub fn options() -> NormalizeOptions {
         NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+            retention: None,
         }
     }
 
@@ -580,6 +597,37 @@ pub(crate) mod tests {
         assert_eq!(
             out.spans[0].warnings,
             ["dropped a link with an invalid trace or span id"]
+        );
+    }
+
+    #[test]
+    fn a_span_older_than_the_retention_is_rejected_with_the_reason() {
+        let mut old = otlp_span(1, 1, "old");
+        old.start_time_unix_nano = NOW - 8 * 86_400 * 1_000_000_000;
+        old.end_time_unix_nano = old.start_time_unix_nano + 1;
+        let week = NormalizeOptions {
+            retention: Some(std::time::Duration::from_secs(7 * 86_400)),
+            ..options()
+        };
+        let out = normalize(
+            request(Some("svc"), vec![old.clone(), otlp_span(1, 2, "new")]),
+            &week,
+            NOW,
+        );
+        assert_eq!(out.spans.len(), 1);
+        assert_eq!(out.spans[0].name, "new");
+        assert!(
+            out.error_message()
+                .contains("started before the retention period (7days)"),
+            "{}",
+            out.error_message()
+        );
+        // Without a retention (`budgetscope analyze`) it is kept.
+        assert_eq!(
+            normalize(request(Some("svc"), vec![old]), &options(), NOW)
+                .spans
+                .len(),
+            1
         );
     }
 }

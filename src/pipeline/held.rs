@@ -418,6 +418,7 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         let now = crate::clock::now_unix_nano();
         let options = NormalizeOptions {
             budget_keys: DEFAULT_BUDGET_KEYS.iter().map(|k| k.to_string()).collect(),
+            retention: None,
         };
         let mut generated: HashMap<TraceId, Vec<Span>> = HashMap::new();
         for request in

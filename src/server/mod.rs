@@ -157,6 +157,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         store: store.clone(),
         options: NormalizeOptions {
             budget_keys: config.budget_keys.clone(),
+            retention: Some(config.retention),
         },
         metric_names: config.metric_names.clone(),
         metrics: metrics.clone(),

@@ -471,3 +471,30 @@ pub async fn start_with_tls(
     ];
     (start(db, &flags).await, root)
 }
+
+/// The OTLP/JSON fixture `tests/fixtures/NAME`, its spans moved from the fixtures' fixed
+/// time (2023, which retention refuses) to a minute ago.
+pub fn fixture_json_a_minute_ago(name: &str) -> Vec<u8> {
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("fixture");
+    let mut body: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+    let shift = now_nanos() - 60_000_000_000 - budgetscope::core::analyze::fixture::BASE_UNIX_NANO;
+    for resource in body["resourceSpans"].as_array_mut().into_iter().flatten() {
+        for scope in resource["scopeSpans"].as_array_mut().into_iter().flatten() {
+            for span in scope["spans"].as_array_mut().into_iter().flatten() {
+                for key in ["startTimeUnixNano", "endTimeUnixNano"] {
+                    let time: u64 = span[key]
+                        .as_str()
+                        .expect("times as strings")
+                        .parse()
+                        .unwrap();
+                    span[key] = serde_json::json!((time + shift).to_string());
+                }
+            }
+        }
+    }
+    serde_json::to_vec(&body).unwrap()
+}
