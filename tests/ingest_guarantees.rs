@@ -284,6 +284,51 @@ async fn a_failing_store_answers_503_and_the_retry_is_stored() {
     }
 }
 
+/// Regression: with the SQLite file locked by another process, a batch of requests failed
+/// after the busy timeout and was then retried job by job, each waiting the timeout again:
+/// the last exporter heard after 27 s, long after its 10 s timeout had given up. Now every
+/// request hears a retryable refusal within the exporters' usual timeout (a bound against
+/// that wait, not a measurement), and the retry is stored once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_locked_elsewhere_refuses_every_export_retryably_within_the_exporter_timeout() {
+    let db = TestDb::sqlite();
+    let server = start(&db, &[]).await;
+    let client = reqwest::Client::new();
+    let lock = hold_write_lock(&db).await;
+    let senders: Vec<_> = (0..6u32)
+        .map(|trace| {
+            let client = client.clone();
+            let addr = server.otlp_http_addr;
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let response = post(&client, addr, request(70 + trace, 2).encode_to_vec()).await;
+                (response.status(), started.elapsed())
+            })
+        })
+        .collect();
+    for sender in senders {
+        let (status, waited) = sender.await.unwrap();
+        assert_eq!(status, 503, "refused while the file is locked");
+        assert!(
+            waited < Duration::from_secs(10),
+            "an exporter waited {waited:?}, past its own timeout"
+        );
+    }
+    drop(lock);
+    assert_eq!(
+        post(
+            &client,
+            server.otlp_http_addr,
+            request(70, 2).encode_to_vec()
+        )
+        .await
+        .status(),
+        200
+    );
+    assert_eq!(get_json(&server, &trace_path(70)).await.0, 200);
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_commits_every_acknowledged_span() {
     for db in TestDb::all().await {

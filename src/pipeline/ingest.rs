@@ -238,7 +238,9 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
     );
     if let Err(error) = &result {
         log_failure(error, merged.len());
-        if jobs.len() > 1 {
+        // Job by job only where one job's data may be what the database refused: a lock
+        // held elsewhere would only keep each job waiting its turn for it again.
+        if jobs.len() > 1 && !matches!(error, StoreError::Busy(_)) {
             let mut rows = merged.rows.into_iter();
             for ((job, len), (operations, traces)) in jobs.into_iter().zip(lens).zip(own_parts) {
                 let own = EncodedBatch {

@@ -68,6 +68,11 @@ pub enum StoreError {
     /// The database could not be reached or refused the work; retrying later may succeed.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Another connection holds the database's write lock (SQLite: another process has the
+    /// file open in a transaction) past the busy timeout; retrying later may succeed, and
+    /// retrying at once would only wait again.
+    #[error("the database is locked by another connection: {0}")]
+    Busy(String),
     /// Stored data that cannot be read back (a bug or a hand-edited database).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
@@ -75,7 +80,27 @@ pub enum StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
-        StoreError::Unavailable(error.to_string())
+        // SQLite's SQLITE_BUSY (5) and SQLITE_LOCKED (6), with or without extended bits.
+        let busy = matches!(
+            &error,
+            sqlx::Error::Database(db)
+                if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        );
+        match busy {
+            true => StoreError::Busy(error.to_string()),
+            false => StoreError::Unavailable(error.to_string()),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        match error.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                StoreError::Busy(error.to_string())
+            }
+            _ => StoreError::Unavailable(error.to_string()),
+        }
     }
 }
 

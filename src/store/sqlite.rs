@@ -97,6 +97,7 @@ impl SqliteBackend {
                 // Only retention and the analyzer's summaries write through sqlx on a file
                 // database (the ingest writer has a connection of its own, `WriteSide`).
                 .pragma("cache_size", "-2048")
+                .busy_timeout(BACKGROUND_BUSY_TIMEOUT)
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
@@ -211,7 +212,7 @@ impl SqliteBackend {
             // Opened afresh for the next write, whatever state this one is in.
             side.ingest = None;
         }
-        result.map_err(|error| StoreError::Unavailable(error.to_string()))
+        result.map_err(StoreError::from)
     }
 
     /// `insert_rows` for an in-memory database, which exists only in the sqlx connection:
@@ -236,12 +237,21 @@ impl SqliteBackend {
         if result.is_ok() {
             conn.keep();
         }
-        result.map_err(|error| StoreError::Unavailable(error.to_string()))
+        result.map_err(StoreError::from)
     }
 }
 
 /// How long a connection waits for another's lock before it fails (SQLite's busy timeout).
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Only another process holds the lock that long (this one's writers take turns behind
+/// `WriteSide`): a request queued behind a failing transaction then hears, retryably,
+/// within two of these and the background writes queued between them, inside the
+/// exporters' usual 10 s timeout.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The busy timeout of the background writes (the analyzer, retention, the lease, alerts),
+/// which take turns with ingest behind `WriteSide`: while another process holds the lock
+/// they give up soon and try again at their next turn, instead of keeping ingest waiting.
+const BACKGROUND_BUSY_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Settings every connection has, sqlx's (`SqliteBackend::connect`) and ingest's own
 /// (`open_ingest_connection`).
