@@ -29,6 +29,8 @@
 //!   the spans; Postgres upserts one row per trace in `dirty_traces`. The analyzer deletes
 //!   exactly the marks it read, so a span arriving meanwhile brings the trace back.
 //! - `leases`, and the alert tables (`alerts.rs`).
+//!
+//! A SQLite file is one process's (`sqlite::lock_path`); Postgres takes several servers.
 
 mod alerts;
 mod backend;
@@ -73,6 +75,11 @@ pub enum StoreError {
     /// retrying at once would only wait again.
     #[error("the database is locked by another connection: {0}")]
     Busy(String),
+    /// This server cannot use the database, and retrying will not change that: another
+    /// server owns the SQLite file, or the file is not a budgetscope database. The message
+    /// says what to do.
+    #[error("{0}")]
+    Refused(String),
     /// Stored data that cannot be read back (a bug or a hand-edited database).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),

@@ -60,6 +60,9 @@ const RESET_LEFT_FRAMES: i64 = 256;
 const WAL_BOUND_FRAMES: &str = "65536";
 
 pub struct SqliteBackend {
+    /// The lock on `<file>.lock` that makes the file this server's (`own_file`); `None` in
+    /// memory.
+    _owner: Option<std::fs::File>,
     writer: SqlitePool,
     /// What the checkpointer tells the writer about the WAL.
     wal: Arc<WalSignals>,
@@ -73,10 +76,23 @@ pub struct SqliteBackend {
 }
 
 impl SqliteBackend {
-    /// Opens (creating if needed) the database and runs migrations.
+    /// Opens (creating if needed) the database and runs migrations. A database file is this
+    /// server's alone for the store's life (`own_file`), and a file that is not a
+    /// budgetscope database is refused untouched (`check_file`).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL {url:?}: {e}")))?
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid SQLite URL {url:?}: {e}")))?;
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let owner = match in_memory {
+            true => None,
+            false => {
+                let file = base.get_filename().to_owned();
+                let owner = own_file(&file)?;
+                check_file(&base, &file).await?;
+                Some(owner)
+            }
+        };
+        let options = base
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(BUSY_TIMEOUT);
@@ -85,7 +101,6 @@ impl SqliteBackend {
             .fold(options, |options, (name, value)| {
                 options.pragma(*name, *value)
             });
-        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
         let writer_options = if in_memory {
             options.clone()
         } else {
@@ -137,6 +152,7 @@ impl SqliteBackend {
             Some(start_checkpointer(options, wal.clone()).await?)
         };
         Ok(SqliteBackend {
+            _owner: owner,
             writer,
             wal,
             writes: tokio::sync::Mutex::new(WriteSide {
@@ -239,6 +255,125 @@ impl SqliteBackend {
         }
         result.map_err(StoreError::from)
     }
+}
+
+/// The lock file beside a database file: `budgetscope.db` → `budgetscope.db.lock`.
+pub fn lock_path(file: &std::path::Path) -> std::path::PathBuf {
+    let mut path = file.as_os_str().to_owned();
+    path.push(".lock");
+    path.into()
+}
+
+/// Makes `file` this process's: an exclusive lock on its lock file, held until the returned
+/// handle is dropped or the process ends (the OS lets it go however the process ends). A
+/// second server on the file is refused here, before it reads or migrates anything, with
+/// what the first wrote of itself; two started at once cannot race through a migration.
+fn own_file(file: &std::path::Path) -> Result<std::fs::File, StoreError> {
+    use std::io::{Read as _, Seek as _, Write as _};
+    let path = lock_path(file);
+    let cannot = |e: std::io::Error| {
+        StoreError::Unavailable(format!(
+            "could not open the lock file {} beside the database: {e}; check the directory's \
+             permissions",
+            path.display()
+        ))
+    };
+    let mut lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(cannot)?;
+    match lock.try_lock() {
+        Ok(()) => {
+            let started = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+            let holder = format!("pid {}, started {started}\n", std::process::id());
+            lock.set_len(0)
+                .and_then(|()| lock.rewind())
+                .and_then(|()| lock.write_all(holder.as_bytes()))
+                .map_err(cannot)?;
+            Ok(lock)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = lock.read_to_string(&mut holder);
+            Err(StoreError::Refused(format!(
+                "{} is in use by another budgetscope server ({}); a SQLite file takes one \
+                 server: stop that one, or give this one another --db (several servers share \
+                 one database on Postgres)",
+                file.display(),
+                holder.trim()
+            )))
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(cannot(e)),
+    }
+}
+
+/// Refuses, without changing it, an existing file that is not a budgetscope database: one
+/// that is not SQLite, one with another program's tables, or one whose schema comes from a
+/// newer budgetscope. Read through a read-only connection that sets no journal mode.
+async fn check_file(base: &SqliteConnectOptions, file: &std::path::Path) -> Result<(), StoreError> {
+    use sqlx::Connection as _;
+    if std::fs::metadata(file).map_or(true, |m| m.len() == 0) {
+        return Ok(());
+    }
+    let probe = base.clone().read_only(true).create_if_missing(false);
+    let not_budgetscope = |what: String| {
+        StoreError::Refused(format!(
+            "{} is not a budgetscope database ({what}); it was left as it is: give --db a new \
+             file, or the one budgetscope wrote",
+            file.display()
+        ))
+    };
+    let mut conn = sqlx::SqliteConnection::connect_with(&probe).await?;
+    let tables: Result<Vec<(String,)>, sqlx::Error> = sqlx::query_as(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+         ORDER BY name",
+    )
+    .fetch_all(&mut conn)
+    .await;
+    let tables: Vec<String> = match tables {
+        Ok(rows) => rows.into_iter().map(|(name,)| name).collect(),
+        // SQLITE_NOTADB (26): the file is something else.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("26") => {
+            return Err(not_budgetscope("it is not a SQLite file".into()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if tables.is_empty() {
+        return Ok(());
+    }
+    if !tables.iter().any(|t| t == "_sqlx_migrations") {
+        let mut listed = tables
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if tables.len() > 5 {
+            listed.push_str(", …");
+        }
+        return Err(not_budgetscope(format!(
+            "it holds another program's tables: {listed}"
+        )));
+    }
+    let (newest,): (Option<i64>,) = sqlx::query_as("SELECT max(version) FROM _sqlx_migrations")
+        .fetch_one(&mut conn)
+        .await?;
+    let known = sqlx::migrate!("migrations/sqlite")
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    if let Some(newest) = newest.filter(|v| *v > known) {
+        return Err(StoreError::Refused(format!(
+            "{} was written by a newer budgetscope (schema version {newest}; this one knows up \
+             to {known}); run that version, or give --db another file",
+            file.display()
+        )));
+    }
+    Ok(())
 }
 
 /// How long a connection waits for another's lock before it fails (SQLite's busy timeout).

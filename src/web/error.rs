@@ -102,7 +102,7 @@ impl From<StoreError> for ApiError {
                         .into(),
                 }
             }
-            StoreError::Corrupt(_) => {
+            StoreError::Corrupt(_) | StoreError::Refused(_) => {
                 tracing::error!(%error, "stored data could not be read");
                 ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,

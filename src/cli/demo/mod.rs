@@ -87,7 +87,7 @@ struct TemporaryDb(PathBuf);
 
 impl Drop for TemporaryDb {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", ".lock"] {
             let mut path = self.0.clone().into_os_string();
             path.push(suffix);
             let _ = std::fs::remove_file(path);
