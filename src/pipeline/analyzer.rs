@@ -79,10 +79,21 @@ pub async fn run(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(poll) => {}
         }
+        // A fault of the database (`pipeline::health`) is logged once, there, not each poll.
         match analyze_quiet_traces(store.as_ref(), &options, &backlogged, &stop).await {
             Ok(0) => {}
-            Ok(traces) => tracing::debug!(traces, "summarised quiet traces"),
-            Err(error) => tracing::warn!(%error, "summarising traces failed; will try again"),
+            Ok(traces) => {
+                ingest.health().observe(&Ok(()));
+                tracing::debug!(traces, "summarised quiet traces")
+            }
+            Err(error) => {
+                let error = Err(error);
+                if !ingest.health().observe(&error)
+                    && let Err(error) = error
+                {
+                    tracing::warn!(%error, "summarising traces failed; will try again")
+                }
+            }
         }
         let started = Instant::now();
         while !reanalysis.finished()
@@ -91,7 +102,12 @@ pub async fn run(
             && started.elapsed() < poll
         {
             if let Err(error) = reanalysis_pass(store.as_ref(), &options, &reanalysis).await {
-                tracing::warn!(%error, "re-analysing stored traces failed; will try again");
+                let error = Err(error);
+                if !ingest.health().observe(&error)
+                    && let Err(error) = error
+                {
+                    tracing::warn!(%error, "re-analysing stored traces failed; will try again");
+                }
                 break;
             }
         }

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::store::{EncodedBatch, Store, StoreError};
+use crate::pipeline::health::Health;
+use crate::store::{EncodedBatch, Fault, Store, StoreError};
 
 /// Ingest is backlogged while more than 1/4 of `max_queued_spans` wait for their commit.
 const BACKLOG_DIVISOR: usize = 4;
@@ -47,6 +48,9 @@ pub enum IngestError {
     MemoryFull,
     #[error("store unavailable")]
     Unavailable,
+    /// The database takes no writes until its operator acts (`pipeline::health`).
+    #[error("store fault: {}", .0.what())]
+    Fault(Fault),
     #[error("shutting down")]
     Closed,
 }
@@ -62,6 +66,8 @@ struct Job {
 
 pub struct Ingestor {
     jobs: async_channel::Sender<Job>,
+    /// Whether the database takes writes, as the writers find it.
+    health: Arc<Health>,
     admission: Arc<Semaphore>,
     max_queued_spans: usize,
     writers: Mutex<Vec<Writer>>,
@@ -117,16 +123,20 @@ impl Ingestor {
     /// Starts the writer tasks on the current runtime.
     pub fn start(store: Arc<dyn Store>, options: &IngestOptions) -> Arc<Ingestor> {
         let (jobs, queue) = async_channel::unbounded();
+        let health = Arc::new(Health::default());
         let writers = (0..options.writers.max(1))
             .map(|_| {
-                let (store, queue) = (store.clone(), queue.clone());
+                let (store, queue, health) = (store.clone(), queue.clone(), health.clone());
                 let max_batch_spans = options.max_batch_spans;
-                Writer::start(options, move || write_loop(store, queue, max_batch_spans))
+                Writer::start(options, move || {
+                    write_loop(store, queue, health, max_batch_spans)
+                })
             })
             .collect();
         let max_queued_spans = options.max_queued_spans.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Ingestor {
             jobs,
+            health,
             admission: Arc::new(Semaphore::new(max_queued_spans)),
             max_queued_spans,
             writers: Mutex::new(writers),
@@ -167,6 +177,11 @@ impl Ingestor {
         answer.await.unwrap_or(Err(IngestError::Unavailable))
     }
 
+    /// Whether the database takes writes (`/readyz`; the analyzer reports its writes here).
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
     /// Spans admitted and not yet committed (the queue's depth).
     pub fn queued_spans(&self) -> u64 {
         (self.max_queued_spans - self.admission.available_permits()) as u64
@@ -192,6 +207,7 @@ impl Ingestor {
 async fn write_loop(
     store: Arc<dyn Store>,
     queue: async_channel::Receiver<Job>,
+    health: Arc<Health>,
     max_batch_spans: usize,
 ) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
@@ -207,13 +223,13 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
-        write_jobs(store.as_ref(), jobs).await;
+        write_jobs(store.as_ref(), &health, jobs).await;
     }
 }
 
 /// Writes the jobs in one transaction. If that fails and there were several jobs, each is
 /// tried alone, so one job the database refuses cannot fail the others with it.
-async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
+async fn write_jobs(store: &dyn Store, health: &Health, mut jobs: Vec<Job>) {
     let lens: Vec<usize> = jobs.iter().map(|job| job.batch.len()).collect();
     // What each job needs to be written alone, kept only when there is more than one.
     let own_parts: Vec<_> = if jobs.len() > 1 {
@@ -236,8 +252,11 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
         ms = started.elapsed().as_secs_f64() * 1e3,
         "batch written"
     );
+    let noted = health.observe(&result);
     if let Err(error) = &result {
-        log_failure(error, merged.len());
+        if !noted {
+            log_failure(error, merged.len());
+        }
         // Job by job only where one job's data may be what the database refused: a lock
         // held elsewhere would only keep each job waiting its turn for it again.
         if jobs.len() > 1 && !matches!(error, StoreError::Busy(_)) {
@@ -249,26 +268,37 @@ async fn write_jobs(store: &dyn Store, mut jobs: Vec<Job>) {
                     traces,
                 };
                 let result = store.write_batch(&own).await;
-                if let Err(error) = &result {
+                if !health.observe(&result)
+                    && let Err(error) = &result
+                {
                     log_failure(error, own.len());
                 }
-                let _ = job.done.send(result.map_err(|_| IngestError::Unavailable));
+                let _ = job.done.send(result.map_err(|e| refusal(&e, health)));
             }
             return;
         }
     }
     for job in jobs {
-        let _ = job.done.send(
-            result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|_| IngestError::Unavailable),
-        );
+        let _ = job
+            .done
+            .send(result.as_ref().map(|_| ()).map_err(|e| refusal(e, health)));
     }
     // Freeing the rows (allocated by request threads, one string per column) took a share
     // of the writer's time under load (`budgetscope-bench ingest`); the next transaction
     // need not wait for it.
     drop(tokio::task::spawn_blocking(move || drop(merged)));
+}
+
+/// What an export hears of a failed write: the fault when it is one (counted as refused
+/// while it lasts), else that the store is unavailable.
+pub(crate) fn refusal(error: &StoreError, health: &Health) -> IngestError {
+    match error {
+        StoreError::Fault(fault, _) => {
+            health.refused();
+            IngestError::Fault(*fault)
+        }
+        _ => IngestError::Unavailable,
+    }
 }
 
 fn log_failure(error: &StoreError, spans: usize) {

@@ -30,6 +30,8 @@ pub struct Lease {
     holder: String,
     /// Until when this server may do the lease's work; `None` when it does not hold it.
     held_until: Mutex<Option<Instant>>,
+    /// The last renewal failed (its failure was logged; the next is not).
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl Lease {
@@ -39,6 +41,7 @@ impl Lease {
             name,
             holder,
             held_until: Mutex::new(None),
+            failing: Default::default(),
         }
     }
 
@@ -69,6 +72,12 @@ impl Lease {
         let until = now.saturating_add(TERM.as_nanos() as u64);
         match store.hold_lease(self.name, &self.holder, now, until).await {
             Ok(held) => {
+                if self
+                    .failing
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::info!(lease = self.name, "the lease can be renewed again");
+                }
                 let before = self.held();
                 *self.held_until.lock().unwrap_or_else(|e| e.into_inner()) =
                     held.then(|| asked + (TERM - MARGIN));
@@ -86,7 +95,14 @@ impl Lease {
                 held
             }
             Err(error) => {
-                tracing::warn!(%error, lease = self.name, "could not renew the lease; will try again");
+                // Once per streak of failures: a database that takes no writes fails every
+                // renewal, and `pipeline::health` already says why.
+                if !self
+                    .failing
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    tracing::warn!(%error, lease = self.name, "could not renew the lease; will keep trying");
+                }
                 self.held()
             }
         }

@@ -8,6 +8,7 @@
 
 pub mod alerter;
 pub mod analyzer;
+pub mod health;
 pub mod held;
 pub mod ingest;
 pub mod lease;

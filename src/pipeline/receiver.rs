@@ -32,6 +32,7 @@ use crate::pipeline::held::{HeldSpan, HeldTraces};
 use crate::pipeline::ingest::{Admission, IngestError, Ingestor};
 use crate::pipeline::memory::{MemoryBudget, REQUEST_BYTES_PER_BODY_BYTE, Reservation};
 use crate::pipeline::metrics::Metrics;
+use crate::store::Fault;
 use crate::store::{EncodedBatch, Store};
 
 /// Requests of at most this many spans are normalised and encoded on the async worker that
@@ -143,13 +144,14 @@ impl Receiver {
         let extracted = extract(&request, &self.metric_names, &cumulative, now);
         drop(request);
         if !extracted.rows.is_empty() {
-            self.store
-                .add_reported(&extracted.rows)
-                .await
-                .map_err(|error| {
-                    tracing::warn!(%error, "could not store deadline metrics; exporters will be asked to retry");
-                    IngestError::Unavailable
-                })?;
+            let written = self.store.add_reported(&extracted.rows).await;
+            let health = self.ingestor.health();
+            if !health.observe(&written)
+                && let Err(error) = &written
+            {
+                tracing::warn!(%error, "could not store deadline metrics; exporters will be asked to retry");
+            }
+            written.map_err(|error| crate::pipeline::ingest::refusal(&error, health))?;
         }
         self.metrics
             .metric_points_stored
@@ -337,6 +339,20 @@ pub fn refusal_message(error: &IngestError) -> &'static str {
         IngestError::Unavailable => {
             "budgetscope's database is unavailable; retry after the delay given"
         }
+        IngestError::Fault(fault) => match fault {
+            Fault::Corrupt | Fault::NotADatabase => {
+                "budgetscope cannot write its database: it is corrupt; its operator must restore \
+                 it (GET /readyz says so); retry later"
+            }
+            Fault::ReadOnly => {
+                "budgetscope cannot write its database: it is read-only; its operator must let \
+                 the server write it (GET /readyz says so); retry later"
+            }
+            Fault::DiskFull => {
+                "budgetscope cannot write its database: the disk is full; retry after the delay \
+                 given"
+            }
+        },
         IngestError::Closed => "budgetscope is shutting down; retry against the restarted server",
     }
 }

@@ -34,6 +34,7 @@
 
 mod alerts;
 mod backend;
+mod error;
 mod leases;
 pub mod postgres;
 pub mod query;
@@ -58,64 +59,11 @@ use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::{Span, SpanKind, TraceId};
 pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
+pub use error::{Fault, StoreError};
 use query::{
     Cursor, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery, StaleQuery, TraceQuery,
 };
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
-
-/// What can go wrong in a store. Messages are for logs; the web and receiver layers map
-/// these to their own responses and never show database text to clients.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database could not be reached or refused the work; retrying later may succeed.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// Another connection holds the database's write lock (SQLite: another process has the
-    /// file open in a transaction) past the busy timeout; retrying later may succeed, and
-    /// retrying at once would only wait again.
-    #[error("the database is locked by another connection: {0}")]
-    Busy(String),
-    /// This server cannot use the database, and retrying will not change that: another
-    /// server owns the SQLite file, or the file is not a budgetscope database. The message
-    /// says what to do.
-    #[error("{0}")]
-    Refused(String),
-    /// Stored data that cannot be read back (a bug or a hand-edited database).
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(error: sqlx::Error) -> Self {
-        // SQLite's SQLITE_BUSY (5) and SQLITE_LOCKED (6), with or without extended bits.
-        let busy = matches!(
-            &error,
-            sqlx::Error::Database(db)
-                if db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
-        );
-        match busy {
-            true => StoreError::Busy(error.to_string()),
-            false => StoreError::Unavailable(error.to_string()),
-        }
-    }
-}
-
-impl From<rusqlite::Error> for StoreError {
-    fn from(error: rusqlite::Error) -> Self {
-        match error.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
-                StoreError::Busy(error.to_string())
-            }
-            _ => StoreError::Unavailable(error.to_string()),
-        }
-    }
-}
-
-impl From<sqlx::migrate::MigrateError> for StoreError {
-    fn from(error: sqlx::migrate::MigrateError) -> Self {
-        StoreError::Unavailable(format!("migration failed: {error}"))
-    }
-}
 
 /// A (service, span name, kind) seen in stored spans.
 #[derive(Debug, Clone, PartialEq, Eq)]

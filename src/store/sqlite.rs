@@ -127,6 +127,13 @@ impl SqliteBackend {
             .connect_with(writer_options)
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
+        if !in_memory {
+            // A write at start (the file's application id, "bdsc"): a database this server
+            // may not write stops start-up here rather than failing every export later.
+            sqlx::query("PRAGMA application_id = 1650750307")
+                .execute(&writer)
+                .await?;
+        }
         // An in-memory database exists once per connection: readers must share the writer's.
         let reader = if in_memory {
             writer.clone()
@@ -608,12 +615,19 @@ async fn start_checkpointer(
     let stop = tokio_util::sync::CancellationToken::new();
     let stopped = stop.clone();
     tokio::spawn(async move {
+        // A checkpoint that fails (a full disk) fails every period: logged when it starts
+        // failing and when it recovers, not twice a second.
+        let mut failing = false;
         loop {
             tokio::select! {
                 _ = stopped.cancelled() => break,
                 _ = tokio::time::sleep(CHECKPOINT_PERIOD) => {}
             }
-            match passive_checkpoint(&mut conn).await {
+            let checkpoint = passive_checkpoint(&mut conn).await;
+            if checkpoint.is_ok() && std::mem::take(&mut failing) {
+                tracing::info!("sqlite checkpoints work again");
+            }
+            match checkpoint {
                 Ok((_, frames, mut copied)) if frames > WAL_RESET_FRAMES => {
                     for _ in 0..3 {
                         let file = database.clone();
@@ -633,7 +647,11 @@ async fn start_checkpointer(
                     signals.reset_due.store(true, Ordering::Release);
                 }
                 Ok(_) => {}
-                Err(error) => tracing::warn!(%error, "sqlite checkpoint failed; will try again"),
+                Err(error) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(%error, "sqlite checkpoint failed; will keep trying");
+                    }
+                }
             }
         }
         // Nothing writes any more: copies every frame and leaves the WAL empty, waiting for

@@ -20,11 +20,22 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Ready when the database answers and takes writes: a fault the writers met (a full disk,
+/// a corrupt or read-only database) answers 503 with what is wrong and what to do, until a
+/// write succeeds again (`pipeline::health`).
+pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError> {
+    if let Some(faulted) = state.ingest.as_ref().and_then(|i| i.health().fault()) {
+        let body = json!({
+            "status": "unavailable",
+            "store": state.store.backend(),
+            "reason": faulted.fault.what(),
+            "what_to_do": faulted.fault.what_to_do(),
+            "since_unix_ms": faulted.since_unix_nano / 1_000_000,
+        });
+        return Ok((axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response());
+    }
     state.store.ping().await?;
-    Ok(Json(
-        json!({"status": "ready", "store": state.store.backend()}),
-    ))
+    Ok(Json(json!({"status": "ready", "store": state.store.backend()})).into_response())
 }
 
 /// Prometheus exposition (OpenMetrics text): `metrics.rs` says what is in it.

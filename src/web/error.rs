@@ -93,7 +93,7 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
-            StoreError::Unavailable(_) | StoreError::Busy(_) => {
+            StoreError::Unavailable(_) | StoreError::Busy(_) | StoreError::Fault(..) => {
                 tracing::warn!(%error, "store unavailable while answering a request");
                 ApiError {
                     status: StatusCode::SERVICE_UNAVAILABLE,
