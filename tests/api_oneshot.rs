@@ -47,6 +47,7 @@ async fn trace_search_and_hops_through_the_router() {
         assert_eq!(empty["traces"], serde_json::json!([]), "not summarised yet");
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
+            max_trace_wait: Duration::from_secs(300),
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),

@@ -40,6 +40,7 @@ edge server "GET /checkout" 1000 120 budget=800
     store.write_spans(&spans).await.unwrap();
     let options = AnalyzerOptions {
         quiet_period: Duration::ZERO,
+        max_trace_wait: Duration::from_secs(300),
         analyze: AnalyzeOptions::default(),
         metrics: Default::default(),
         memory: MemoryBudget::for_limit(DEFAULT_LIMIT),

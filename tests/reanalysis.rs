@@ -25,6 +25,7 @@ const OVERSPENT_BY_30: &str = r#"edge server "GET /late" 0 1030 budget=1000"#;
 fn analyzer(tolerance_ms: f64) -> AnalyzerOptions {
     AnalyzerOptions {
         quiet_period: Duration::ZERO,
+        max_trace_wait: Duration::from_secs(300),
         analyze: AnalyzeOptions { tolerance_ms },
         metrics: Default::default(),
         memory: MemoryBudget::for_limit(DEFAULT_LIMIT),

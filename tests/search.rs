@@ -274,6 +274,7 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
         }
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
+            max_trace_wait: Duration::from_secs(300),
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
@@ -314,6 +315,7 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
         assert!(ingest.try_grow_to(64 << 20), "ingest holds the whole pool");
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
+            max_trace_wait: Duration::from_secs(300),
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: memory.clone(),
@@ -406,5 +408,85 @@ async fn wait_for_status(
             "status never got there: {status}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A trace that keeps receiving spans (a stream, a batch job, a client reusing a trace id)
+/// is analysed once it has waited `--max-trace-wait`, counted apart from lag in
+/// `/api/status` while it lasts, and analysed again when it goes quiet; its hop is counted
+/// once however often the trace was analysed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_that_never_goes_quiet_is_analysed_within_the_max_wait_and_again_when_quiet() {
+    use budgetscope::core::model::SpanKind;
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let server = start(&db, &["--quiet-period", "1s", "--max-trace-wait", "2s"]).await;
+        let root = common::span(21, 1, None, "stream", "GET /events", 1_000);
+        post_otlp(&server, &otlp_request(&[root], 0)).await;
+        let mut sent = 1u8;
+        let mut found_while_active: Option<u64> = None;
+        let mut active_seen = false;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(8) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            sent += 1;
+            let mut child = common::span(21, sent, Some(1), "stream", "send", 1_000);
+            child.kind = SpanKind::Internal;
+            post_otlp(&server, &otlp_request(&[child], 0)).await;
+            let (_, found) = get_json(&server, "/api/traces?service=stream").await;
+            if let Some(trace) = found["traces"].as_array().unwrap().first() {
+                found_while_active.get_or_insert(trace["span_count"].as_u64().unwrap());
+            }
+            let (_, status) = get_json(&server, "/api/status").await;
+            active_seen |= status["active_traces"] == 1;
+            assert_eq!(
+                status["analysis_lag_s"], 0.0,
+                "{backend}: an active trace is not lag: {status}"
+            );
+        }
+        let partial = found_while_active
+            .unwrap_or_else(|| panic!("{backend}: never searchable while receiving spans"));
+        assert!(
+            (2..u64::from(sent)).contains(&partial),
+            "{backend}: analysed while active with {partial} of {sent} spans"
+        );
+        assert!(
+            active_seen,
+            "{backend}: /api/status never counted it active"
+        );
+
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, found) = get_json(&server, "/api/traces?service=stream").await;
+            if found["traces"][0]["span_count"] == u64::from(sent) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{backend}: not analysed when quiet: {found}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (_, hops) = get_json(&server, "/api/hops?service=stream").await;
+        let hop = hops["hops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["operation"] == "GET /events")
+            .unwrap_or_else(|| panic!("{backend}: no hop: {hops}"));
+        assert_eq!(hop["requests"], 1, "{backend}: counted once: {hop}");
+        // Measured every 2 s: the next measurement finds nothing active.
+        loop {
+            let (_, status) = get_json(&server, "/api/status").await;
+            if status["active_traces"] == 0 && status["traces_pending"] == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{backend}: still waiting: {status}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server.shutdown().await;
     }
 }

@@ -11,7 +11,7 @@ use budgetscope::core::analyze::{AnalyzeOptions, analyze};
 use budgetscope::core::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
-use budgetscope::store::query::RollupQuery;
+use budgetscope::store::query::{Backlog, DueQuery, RollupQuery, TraceQuery};
 use budgetscope::store::{self, Operation, Store};
 use common::{TestDb, bulk_spans, file_size, span};
 
@@ -549,7 +549,7 @@ async fn marked(store: &dyn Store, spans: &[(u8, u8)]) -> Vec<(TraceId, i64)> {
         .collect();
     store.write_spans(&batch).await.unwrap();
     store
-        .quiet_traces(u64::MAX, 1_000)
+        .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
         .await
         .unwrap()
         .into_iter()
@@ -609,7 +609,10 @@ async fn a_trace_written_twice_from_the_same_marks_counts_once() {
         let hops = analysed.1.len() as i64;
         assert!(hops > 0, "{backend}: the trace has hops");
         store.write_spans(&spans).await.unwrap();
-        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap();
         assert_eq!(marks.len(), 1, "{backend}");
         let (first, second) = tokio::join!(
             store.write_summaries(std::slice::from_ref(&analysed), &marks),
@@ -621,13 +624,24 @@ async fn a_trace_written_twice_from_the_same_marks_counts_once() {
             "{backend}: one write counted the trace, the other nothing"
         );
         assert_eq!(rollup_requests(store.as_ref()).await, hops, "{backend}");
-        assert_eq!(store.analysis_backlog().await.unwrap().0, 0, "{backend}");
+        assert_eq!(
+            store
+                .analysis_backlog(common::now_nanos())
+                .await
+                .unwrap()
+                .traces,
+            0,
+            "{backend}"
+        );
 
         // A late span of the same trace: analysed again, counted once still.
         let mut late = spans[1].clone();
         late.span_id = SpanId([3; 8]);
         store.write_spans(&[late]).await.unwrap();
-        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap();
         assert_eq!(marks.len(), 1, "{backend}: the late span marked the trace");
         store
             .write_summaries(std::slice::from_ref(&analysed), &marks)
@@ -658,7 +672,10 @@ async fn stale_summaries_are_listed_newest_first_and_rewritten_only_while_stale(
             store.write_spans(&spans).await.unwrap();
             analysed.push((summary, hops));
         }
-        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap();
         store.write_summaries(&analysed, &marks).await.unwrap();
         let requests = rollup_requests(store.as_ref()).await;
         assert!(requests > 0, "{backend}");
@@ -754,7 +771,10 @@ edge server "GET /" 0 1200 budget=1000
         );
         assert!(hops.iter().any(|h| !h.flags.is_empty()));
         store.write_spans(&spans).await.unwrap();
-        let marks = store.quiet_traces(u64::MAX, 10).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap();
         store
             .write_summaries(&[(summary, hops.clone())], &marks)
             .await
@@ -782,29 +802,63 @@ async fn postgres_servers_on_one_database_pass_over_each_others_traces() {
     let two = store::open(&db.url).await.unwrap();
     let (spans, analysed) = analysed_trace(8);
     one.write_spans(&spans).await.unwrap();
-    let taken = one.quiet_traces(u64::MAX, 10).await.unwrap();
+    let taken = one
+        .due_traces(&DueQuery::quiet(u64::MAX, 10))
+        .await
+        .unwrap();
     assert_eq!(taken.len(), 1);
-    assert!(two.quiet_traces(u64::MAX, 10).await.unwrap().is_empty());
-    assert_eq!(one.quiet_traces(u64::MAX, 10).await.unwrap(), taken);
-    // A new span frees the trace for whichever server takes it next.
-    let mut late = spans[1].clone();
-    late.span_id = SpanId([3; 8]);
-    two.write_spans(&[late]).await.unwrap();
-    let retaken = two.quiet_traces(u64::MAX, 10).await.unwrap();
-    assert_eq!(retaken.len(), 1);
-    assert!(one.quiet_traces(u64::MAX, 10).await.unwrap().is_empty());
-    // The first server's marks are stale: its write counts nothing.
     assert!(
-        one.write_summaries(std::slice::from_ref(&analysed), &taken)
+        two.due_traces(&DueQuery::quiet(u64::MAX, 10))
             .await
             .unwrap()
             .is_empty()
     );
+    assert_eq!(
+        one.due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap(),
+        taken
+    );
+    // A new span frees the trace for whichever server takes it next.
+    let mut late = spans[1].clone();
+    late.span_id = SpanId([3; 8]);
+    two.write_spans(&[late]).await.unwrap();
+    let retaken = two
+        .due_traces(&DueQuery::quiet(u64::MAX, 10))
+        .await
+        .unwrap();
+    assert_eq!(retaken.len(), 1);
+    assert!(
+        one.due_traces(&DueQuery::quiet(u64::MAX, 10))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // The first server's marks are stale, the trace still marked: its summary is written
+    // (a trace receiving spans all the time is written at its longest wait all the same),
+    // and the second server's replaces it, so the trace counts once.
+    one.write_summaries(std::slice::from_ref(&analysed), &taken)
+        .await
+        .unwrap();
+    assert_eq!(rollup_requests(one.as_ref()).await, analysed.1.len() as i64);
     two.write_summaries(std::slice::from_ref(&analysed), &retaken)
         .await
         .unwrap();
     assert_eq!(rollup_requests(one.as_ref()).await, analysed.1.len() as i64);
-    assert_eq!(two.analysis_backlog().await.unwrap().0, 0);
+    // A third write with the marks the second cleared counts nothing.
+    assert!(
+        one.write_summaries(std::slice::from_ref(&analysed), &retaken)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        two.analysis_backlog(common::now_nanos())
+            .await
+            .unwrap()
+            .traces,
+        0
+    );
 }
 
 /// The lease on work one server does at a time: held by one holder until it expires or is
@@ -980,7 +1034,10 @@ async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_c
         };
         let a = span(1, 1, None, "edge", "GET /a", 1_000);
         let b = span(2, 1, None, "edge", "GET /b", 1_000);
-        assert_eq!(store.analysis_backlog().await.unwrap(), (0, None));
+        assert_eq!(
+            store.analysis_backlog(now()).await.unwrap(),
+            Backlog::default()
+        );
 
         store.write_spans(std::slice::from_ref(&a)).await.unwrap();
         tick().await;
@@ -992,33 +1049,153 @@ async fn a_trace_is_quiet_only_after_its_last_commit_and_a_later_mark_survives_c
         tick().await;
 
         assert_eq!(
-            ids(&store.quiet_traces(between, 10).await.unwrap()),
+            ids(&store
+                .due_traces(&DueQuery::quiet(between, 10))
+                .await
+                .unwrap()),
             Vec::<u8>::new(),
             "{backend}: A was committed again after the cutoff, B only after it"
         );
-        let (pending, oldest) = store.analysis_backlog().await.unwrap();
-        assert_eq!(pending, 2, "{backend}: two traces wait");
+        let backlog = store.analysis_backlog(between).await.unwrap();
+        assert_eq!(backlog.traces, 2, "{backend}: two traces wait");
+        assert_eq!(
+            backlog.active, 1,
+            "{backend}: A waits past the cutoff, still active"
+        );
         assert!(
-            oldest.is_some_and(|t| t > between),
+            backlog.oldest_commit_unix_nano.is_some_and(|t| t > between),
             "{backend}: a trace waits since its last commit, not its first"
         );
         assert_eq!(
-            ids(&store.quiet_traces(now(), 1).await.unwrap()).len(),
+            ids(&store.due_traces(&DueQuery::quiet(now(), 1)).await.unwrap()).len(),
             1,
             "{backend}: `limit` counts traces, not marks"
         );
-        let marks = store.quiet_traces(now(), 10).await.unwrap();
+        let marks = store.due_traces(&DueQuery::quiet(now(), 10)).await.unwrap();
         assert_eq!(ids(&marks), [1, 2], "{backend}: both quiet now");
 
         tick().await;
         store.write_spans(std::slice::from_ref(&b)).await.unwrap();
         store.write_summaries(&[], &marks).await.unwrap();
         assert_eq!(
-            ids(&store.quiet_traces(now(), 10).await.unwrap()),
+            ids(&store.due_traces(&DueQuery::quiet(now(), 10)).await.unwrap()),
             [2],
             "{backend}: A cleared; B's later mark kept"
         );
-        assert_eq!(store.analysis_backlog().await.unwrap().0, 1, "{backend}");
+        assert_eq!(
+            store.analysis_backlog(now()).await.unwrap().traces,
+            1,
+            "{backend}"
+        );
+    })
+    .await;
+}
+
+/// A trace still receiving spans is due once it has waited `waiting_before`; analysed then,
+/// it waits again from its next commit, not from its first: a span that arrived while it
+/// was analysed keeps it pending without making it due at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_trace_is_due_after_its_longest_wait_and_its_wait_restarts() {
+    on_every_store(|store, backend| async move {
+        let now = common::now_nanos;
+        let tick = || tokio::time::sleep(std::time::Duration::from_millis(5));
+        let first = span(3, 1, None, "edge", "GET /stream", 1_000);
+        store
+            .write_spans(std::slice::from_ref(&first))
+            .await
+            .unwrap();
+        tick().await;
+        let cutoff = now();
+        tick().await;
+        store
+            .write_spans(&[span(3, 2, Some(1), "edge", "send", 2_000)])
+            .await
+            .unwrap();
+        let active = DueQuery {
+            quiet_before: cutoff,
+            waiting_before: cutoff,
+            limit: 10,
+        };
+        assert!(
+            store
+                .due_traces(&DueQuery::quiet(cutoff, 10))
+                .await
+                .unwrap()
+                .is_empty(),
+            "{backend}: not quiet"
+        );
+        assert_eq!(
+            store.analysis_backlog(cutoff).await.unwrap().active,
+            1,
+            "{backend}"
+        );
+        let marks = store.due_traces(&active).await.unwrap();
+        assert_eq!(
+            marks.len(),
+            1,
+            "{backend}: waited past its longest wait: {marks:?}"
+        );
+        assert_eq!(marks[0].0, first.trace_id);
+
+        // A span arrives while the pass analyses it; the summary is written all the same.
+        tick().await;
+        store
+            .write_spans(&[span(3, 3, Some(1), "edge", "send", 3_000)])
+            .await
+            .unwrap();
+        let spans = store.trace(first.trace_id).await.unwrap();
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let summary = summarize(&spans, &analysis).unwrap();
+        let hops = samples(&spans, &analysis);
+        store
+            .write_summaries(&[(summary, hops)], &marks)
+            .await
+            .unwrap();
+        let found = store
+            .search_traces(&TraceQuery {
+                service: Some("edge".into()),
+                limit: 10,
+                ..TraceQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            found.iter().map(|s| s.span_count).collect::<Vec<_>>(),
+            [3],
+            "{backend}: analysed while active, with every span stored then"
+        );
+        assert_eq!(
+            store.analysis_backlog(now()).await.unwrap().traces,
+            1,
+            "{backend}"
+        );
+        assert!(
+            store.due_traces(&active).await.unwrap().is_empty(),
+            "{backend}: its wait restarted at a commit after the cutoff"
+        );
+        tick().await;
+        let again = now();
+        tick().await;
+        store
+            .write_spans(&[span(3, 4, Some(1), "edge", "send", 4_000)])
+            .await
+            .unwrap();
+        let later = DueQuery {
+            quiet_before: again,
+            waiting_before: again,
+            limit: 10,
+        };
+        let due: Vec<TraceId> = store
+            .due_traces(&later)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert!(
+            !due.is_empty() && due.iter().all(|id| *id == first.trace_id),
+            "{backend}: due again once it has waited again, still active: {due:?}"
+        );
     })
     .await;
 }

@@ -97,6 +97,7 @@ async fn every_page_shows_the_budget_story() {
         store.write_spans(&spans).await.unwrap();
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
+            max_trace_wait: Duration::from_secs(300),
             analyze: AnalyzeOptions::default(),
             metrics: Default::default(),
             memory: MemoryBudget::for_limit(DEFAULT_LIMIT),

@@ -29,6 +29,7 @@ use prost::Message as _;
 use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
 use budgetscope::otlp::generate::generate;
 use budgetscope::otlp::normalize::{NormalizeOptions, normalize, span_count};
+use budgetscope::store::query::DueQuery;
 use budgetscope::store::{self, encode_rows};
 
 use crate::{BenchDatabases, IngestBench, Transport, median_and_range, ms};
@@ -199,7 +200,7 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         .map(|span| span.trace_id.as_slice())
         .collect();
     let unsummarised = reopened
-        .quiet_traces(u64::MAX, u32::MAX)
+        .due_traces(&DueQuery::quiet(u64::MAX, u32::MAX))
         .await?
         .into_iter()
         .map(|(trace, _)| trace)

@@ -233,6 +233,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let started = Instant::now();
     let indexer = AnalyzerOptions {
         quiet_period: Duration::ZERO,
+        max_trace_wait: Duration::from_secs(300),
         analyze: AnalyzeOptions::default(),
         metrics: Default::default(),
         memory: budgetscope::pipeline::memory::MemoryBudget::for_limit(

@@ -1,5 +1,6 @@
 //! The background analyzer: summarises traces once they have been quiet for
-//! `--quiet-period`, so search answers from summaries instead of analysing on the fly.
+//! `--quiet-period`, so search answers from summaries instead of analysing on the fly, and
+//! a trace still receiving spans each time it has waited `--max-trace-wait`.
 //!
 //! Architecture invariant: it only reads spans and writes summaries through the `Store`
 //! trait; marks are cleared compare-and-delete, so a span that arrives while its trace is
@@ -12,7 +13,7 @@
 //! are read whole in id order until the pass's memory reservation is used. It analyses them
 //! in one blocking task and writes summaries, index terms, hop contributions and rollup
 //! deltas in one transaction. On Postgres, servers sharing a database share the work:
-//! `quiet_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE SKIP LOCKED`)
+//! `due_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE SKIP LOCKED`)
 //! and a server that dies leaves its claims to expire. While more than a quarter of
 //! `--max-queued-spans` waits (`Ingestor::backlogged`), it rests three times as long as its
 //! last pass took (at most 2 s), so it has at most a quarter of the single writer.
@@ -32,6 +33,7 @@ use crate::pipeline::ingest::Ingestor;
 use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
+use crate::store::query::DueQuery;
 use crate::store::{Store, StoreError};
 
 /// Traces analysed per pass (one transaction of summaries), at most: fewer when their
@@ -43,6 +45,9 @@ const PASS_SIZE: u32 = 1000;
 #[derive(Debug, Clone)]
 pub struct AnalyzerOptions {
     pub quiet_period: Duration,
+    /// A trace still receiving spans is analysed once it has waited this long, and again
+    /// when it goes quiet (`--max-trace-wait`).
+    pub max_trace_wait: Duration,
     pub analyze: AnalyzeOptions,
     /// Receives the rollup changes each pass writes (`/metrics`).
     pub metrics: Arc<Metrics>,
@@ -188,7 +193,13 @@ pub async fn analysis_pass(
     let now = crate::clock::now_unix_nano();
     let cutoff = now.saturating_sub(options.quiet_period.as_nanos() as u64);
     let started = Instant::now();
-    let mut marks = store.quiet_traces(cutoff, PASS_SIZE).await?;
+    let mut marks = store
+        .due_traces(&DueQuery {
+            quiet_before: cutoff,
+            waiting_before: now.saturating_sub(options.max_trace_wait.as_nanos() as u64),
+            limit: PASS_SIZE,
+        })
+        .await?;
     let selected = started.elapsed();
     if marks.is_empty() {
         return Ok(Pass {

@@ -5,7 +5,9 @@
 //! A trace waits for analysis from its last commit until it has been quiet for the quiet
 //! period and then until the analyzer writes its summary. The lag is how long the trace
 //! waiting longest has been quiet beyond the quiet period: search, hop statistics, the
-//! overview and alerts miss every trace that waits, so they are that far behind.
+//! overview and alerts miss every trace that waits, so they are that far behind. A trace
+//! still receiving spans is not quiet and not lag: it is counted apart (`active_traces`)
+//! and analysed every `--max-trace-wait` while it lasts.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -45,6 +47,10 @@ pub struct Status {
     pub spans_stored: u64,
     /// Traces with spans not yet analysed (including those still within the quiet period).
     pub traces_pending: u64,
+    /// Pending traces that have waited longer than the quiet period because they are still
+    /// receiving spans (not lag: each is analysed at `--max-trace-wait` and again when it
+    /// goes quiet).
+    pub active_traces: u64,
     /// Seconds since the trace waiting longest last had spans committed (0 when none waits).
     pub oldest_pending_age_s: f64,
     /// How far analysed statistics are behind: `oldest_pending_age_s` beyond the quiet period.
@@ -136,8 +142,9 @@ impl Monitor {
             false => None,
         };
         let committed = self.metrics.spans_stored.get();
-        let (traces_pending, oldest) = self.store.analysis_backlog().await?;
         let wall = now_unix_nano();
+        let quiet_before = wall.saturating_sub(self.quiet_period.as_nanos() as u64);
+        let backlog = self.store.analysis_backlog(quiet_before).await?;
         let now = Instant::now();
         let analysed = self.metrics.traces_analysed.get();
         let mut state = self.lock();
@@ -162,12 +169,15 @@ impl Monitor {
             }
             _ => 0.0,
         };
-        let age = oldest.map_or(0.0, |t| wall.saturating_sub(t) as f64 / 1e9);
+        let age = backlog
+            .oldest_commit_unix_nano
+            .map_or(0.0, |t| wall.saturating_sub(t) as f64 / 1e9);
         let lag = (age - self.quiet_period.as_secs_f64()).max(0.0);
         let status = Status {
             store: self.store.backend(),
             spans_stored: base + committed.saturating_sub(then),
-            traces_pending,
+            traces_pending: backlog.traces,
+            active_traces: backlog.active,
             oldest_pending_age_s: round(age),
             analysis_lag_s: round(lag),
             quiet_period_s: self.quiet_period.as_secs_f64(),

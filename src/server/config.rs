@@ -112,6 +112,13 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_QUIET_PERIOD", default_value = "10s")]
     pub quiet_period: String,
 
+    /// How long a trace that keeps receiving spans waits for analysis, at most: it is
+    /// analysed at that age, again every time it waits that long, and when it goes quiet
+    /// (streams, batch jobs, a client reusing a trace id). At least the quiet period.
+    /// Default: 5m, or the quiet period when that is longer.
+    #[arg(long, env = "BUDGETSCOPE_MAX_TRACE_WAIT")]
+    pub max_trace_wait: Option<String>,
+
     /// Open connections per listener, at most; beyond it new connections are closed at once
     /// (clients retry). Lowered at start to fit the open-files limit.
     #[arg(long, env = "BUDGETSCOPE_MAX_CONNECTIONS", default_value = "4096")]
@@ -217,6 +224,7 @@ pub struct ServeConfig {
     pub max_request_bytes: usize,
     pub retention: Duration,
     pub quiet_period: Duration,
+    pub max_trace_wait: Duration,
     pub cors_origins: Vec<HeaderValue>,
     pub max_queued_spans: usize,
     /// Bytes; see `memory::MemoryBudget::for_limit`.
@@ -378,6 +386,20 @@ impl ServeArgs {
                 "expected a duration such as 10s or 500ms",
             )
         })?;
+        let max_trace_wait = match &self.max_trace_wait {
+            None => quiet_period.max(Duration::from_secs(300)),
+            Some(text) => humantime::parse_duration(text.trim())
+                .ok()
+                .filter(|d| *d >= quiet_period && !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        "max-trace-wait",
+                        "BUDGETSCOPE_MAX_TRACE_WAIT",
+                        text,
+                        "expected a duration of at least the quiet period, e.g. 5m",
+                    )
+                })?,
+        };
         let cors_origins = self
             .cors_origins
             .iter()
@@ -549,6 +571,7 @@ impl ServeArgs {
             max_request_bytes,
             retention,
             quiet_period,
+            max_trace_wait,
             cors_origins,
             max_queued_spans: self.max_queued_spans,
             memory_limit,
@@ -670,6 +693,7 @@ mod tests {
         assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
         assert!(config.cors_origins.is_empty());
         assert_eq!(config.alert_interval, Duration::from_secs(30));
+        assert_eq!(config.max_trace_wait, Duration::from_secs(300));
         assert_eq!(
             config.alert_delay,
             Duration::from_secs(40),
@@ -723,6 +747,10 @@ mod tests {
             (
                 vec!["--external-url", "budgets.example.com"],
                 "invalid --external-url",
+            ),
+            (
+                vec!["--quiet-period", "1m", "--max-trace-wait", "30s"],
+                "invalid --max-trace-wait (env BUDGETSCOPE_MAX_TRACE_WAIT) \"30s\": expected a duration of at least the quiet period",
             ),
         ];
         for (extra, expected) in cases {

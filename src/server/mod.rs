@@ -266,6 +266,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             store.clone(),
             AnalyzerOptions {
                 quiet_period: config.quiet_period,
+                max_trace_wait: config.max_trace_wait,
                 analyze: AnalyzeOptions {
                     tolerance_ms: config.tolerance_ms,
                 },

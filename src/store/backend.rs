@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::query::{AttrFilter, Cursor};
+use super::query::{AttrFilter, Backlog, Cursor, DueQuery};
 use super::spans::EncodedBatch;
 use crate::core::model::TraceId;
 
@@ -40,6 +40,10 @@ pub trait Backend: Send + Sync + 'static {
     /// into the rollups (a row that does not exist yet cannot be locked, and two first
     /// inserts would overwrite each other); empty where the database has one writer.
     const WRITERS_LOCK: &'static str;
+    /// Run for traces that were analysed while a mark of theirs is left (the start of the
+    /// `IN (…)` list of their ids follows): their wait restarts at their last commit. Empty
+    /// where each commit is a mark of its own (SQLite's marks left are newer anyway).
+    const RESTART_WAIT: &'static str;
     /// The function that finds a substring: `instr(haystack, needle)` or `strpos`.
     const SUBSTRING: &'static str;
 
@@ -64,16 +68,11 @@ pub trait Backend: Send + Sync + 'static {
         limit: u32,
     ) -> Result<u64, StoreError>;
 
-    /// Traces waiting for analysis, and when the one waiting longest last had spans
-    /// committed.
-    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError>;
+    /// `AnalysisQueue::analysis_backlog`: the marks differ.
+    async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError>;
 
-    /// `AnalysisQueue::quiet_traces`: the marks differ, and Postgres claims what it returns.
-    async fn quiet_traces(
-        &self,
-        received_before: u64,
-        limit: u32,
-    ) -> Result<Vec<(TraceId, i64)>, StoreError>;
+    /// `AnalysisQueue::due_traces`: the marks differ, and Postgres claims what it returns.
+    async fn due_traces(&self, query: &DueQuery) -> Result<Vec<(TraceId, i64)>, StoreError>;
 
     /// Called after `count` summaries were written (Postgres refreshes its planner's
     /// statistics as the summaries grow).

@@ -61,7 +61,8 @@ pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
 pub use error::{Fault, StoreError};
 use query::{
-    Cursor, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery, StaleQuery, TraceQuery,
+    Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
+    StaleQuery, TraceQuery,
 };
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
@@ -131,27 +132,24 @@ pub trait TraceReader: Send + Sync {
 /// Traces waiting for analysis, and the summaries analysis writes.
 #[async_trait]
 pub trait AnalysisQueue: Send + Sync {
-    /// Traces waiting for analysis, and when the one waiting longest last had spans
-    /// committed (unix nanoseconds; `None` when none waits).
-    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError>;
+    /// What waits for analysis; traces still receiving spans count as active when they
+    /// have waited since before `quiet_before`.
+    async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError>;
 
-    /// Up to `limit` traces whose last spans were committed before `received_before`,
-    /// oldest first, each with the commit time of every mark it holds (pass them back to
+    /// The traces due for analysis (`DueQuery`), longest waiting first, each with the
+    /// commit time of every mark it holds before `quiet_before` (pass them back to
     /// `write_summaries`): a trace marked by several commits may appear more than once.
     /// On Postgres the traces returned are claimed for `CLAIM`: other servers sharing the
     /// database pass them over until they are written, a span arrives, or the claim ends
     /// (a SQLite database has one server).
-    async fn quiet_traces(
-        &self,
-        received_before: u64,
-        limit: u32,
-    ) -> Result<Vec<(TraceId, i64)>, StoreError>;
+    async fn due_traces(&self, query: &DueQuery) -> Result<Vec<(TraceId, i64)>, StoreError>;
 
     /// Clears the `analysed` marks that are still there and writes the summaries of the
-    /// traces whose marks it cleared (and of traces given without marks), each replacing
-    /// the trace's earlier contribution to the hop rollups. A trace whose mark is gone
-    /// (another server wrote it) or changed (a span arrived since) is not written; a changed
-    /// mark brings it back for another analysis. One transaction.
+    /// traces still waiting (and of traces given without marks), each replacing the trace's
+    /// earlier contribution to the hop rollups. A trace whose marks are all gone (another
+    /// server wrote it) is not written; one with a mark left (a span arrived since) is, and
+    /// comes back for another analysis, its wait counted from its last commit. One
+    /// transaction.
     /// Returns the per-minute rollup changes it made.
     async fn write_summaries(
         &self,
@@ -280,7 +278,7 @@ pub trait Store:
 }
 
 /// How long a trace one server's analyzer took is passed over by the others
-/// (`quiet_traces`): far longer than a pass takes, and all a server's death delays its
+/// (`due_traces`): far longer than a pass takes, and all a server's death delays its
 /// traces by.
 pub const CLAIM: std::time::Duration = std::time::Duration::from_secs(30);
 

@@ -13,7 +13,7 @@ use sqlx::QueryBuilder;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Cursor};
+use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
@@ -32,15 +32,16 @@ const UPSERT_OPERATIONS: &str = "INSERT INTO operations (service, name, kind, la
      ON CONFLICT (service, name, kind) DO UPDATE SET last_seen_unix_nano = \
      GREATEST(operations.last_seen_unix_nano, excluded.last_seen_unix_nano)";
 
-/// Traces are sorted, so concurrent writers lock their marks in one order (no deadlock).
-const MARK_DIRTY: &str = "INSERT INTO dirty_traces (trace_id, received_unix_nano) \
-     SELECT t, $2 FROM UNNEST($1::bytea[]) AS t \
+/// Traces are sorted, so concurrent writers lock their marks in one order (no deadlock). A
+/// trace's wait starts with its first commit since its last analysis (`waiting_since`).
+const MARK_DIRTY: &str = "INSERT INTO dirty_traces (trace_id, received_unix_nano, waiting_since) \
+     SELECT t, $2, $2 FROM UNNEST($1::bytea[]) AS t \
      ON CONFLICT (trace_id) DO UPDATE SET received_unix_nano = excluded.received_unix_nano, \
      claimed_until = 0";
 
 pub struct PostgresBackend {
     pool: PgPool,
-    /// Names this store's claims on traces (`quiet_traces`): it takes its own back at once.
+    /// Names this store's claims on traces (`due_traces`): it takes its own back at once.
     claimant: i64,
     /// Summaries written by this process, and the count at which statistics are next
     /// refreshed (see `refresh_statistics`).
@@ -297,6 +298,8 @@ impl Backend for PostgresBackend {
     /// Several servers sharing the database write summaries one at a time (a lock held
     /// until the transaction ends), so none loses another's rollup counts.
     const WRITERS_LOCK: &'static str = "SELECT pg_advisory_xact_lock(7102455)";
+    const RESTART_WAIT: &'static str =
+        "UPDATE dirty_traces SET waiting_since = received_unix_nano WHERE trace_id IN ";
     const SUBSTRING: &'static str = "strpos";
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
@@ -332,36 +335,44 @@ impl Backend for PostgresBackend {
         .rows_affected())
     }
 
-    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
-        // One row per trace, holding its last commit.
-        let (traces, oldest): (i64, Option<i64>) =
-            sqlx::query_as("SELECT count(*), min(received_unix_nano) FROM dirty_traces")
-                .fetch_one(&self.pool)
-                .await?;
-        Ok((traces.max(0) as u64, oldest.map(|t| t.max(0) as u64)))
+    async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {
+        // One row per trace, holding its last commit and since when it waits.
+        let (traces, oldest, active): (i64, Option<i64>, i64) = sqlx::query_as(
+            "SELECT count(*), min(received_unix_nano), \
+             count(*) FILTER (WHERE waiting_since < $1 AND received_unix_nano >= $1) \
+             FROM dirty_traces",
+        )
+        .bind(i64::try_from(quiet_before).unwrap_or(i64::MAX))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            traces: traces.max(0) as u64,
+            oldest_commit_unix_nano: oldest.map(|t| t.max(0) as u64),
+            active: active.max(0) as u64,
+        })
     }
 
-    async fn quiet_traces(
-        &self,
-        received_before: u64,
-        limit: u32,
-    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
+    async fn due_traces(&self, query: &DueQuery) -> Result<Vec<(TraceId, i64)>, StoreError> {
         // Claimed in one statement; a row another server is claiming is skipped, not
-        // waited for. This store's own claims are taken again (a pass that failed).
+        // waited for. This store's own claims are taken again (a pass that failed). A trace
+        // still receiving spans is due once it has waited since before `$6`.
         let now = now_unix_nano() as i64;
         let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(
             "UPDATE dirty_traces d SET claimed_until = $3, claimed_by = $5 \
              FROM (SELECT trace_id FROM dirty_traces \
-                   WHERE received_unix_nano < $1 AND (claimed_until < $4 OR claimed_by = $5) \
-                   ORDER BY received_unix_nano LIMIT $2 FOR UPDATE SKIP LOCKED) q \
+                   WHERE (received_unix_nano < $1 OR waiting_since < $6) \
+                   AND (claimed_until < $4 OR claimed_by = $5) \
+                   ORDER BY least(received_unix_nano, waiting_since) LIMIT $2 \
+                   FOR UPDATE SKIP LOCKED) q \
              WHERE d.trace_id = q.trace_id \
              RETURNING d.trace_id, d.received_unix_nano",
         )
-        .bind(i64::try_from(received_before).unwrap_or(i64::MAX))
-        .bind(i64::from(limit))
+        .bind(i64::try_from(query.quiet_before).unwrap_or(i64::MAX))
+        .bind(i64::from(query.limit))
         .bind(now.saturating_add(CLAIM.as_nanos() as i64))
         .bind(now)
         .bind(self.claimant)
+        .bind(i64::try_from(query.waiting_before).unwrap_or(i64::MAX))
         .fetch_all(&self.pool)
         .await?;
         decode_marks(rows)

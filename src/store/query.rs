@@ -115,6 +115,40 @@ pub struct TraceQuery {
     pub cursor: Option<Cursor>,
 }
 
+/// The traces due for analysis: quiet ones, whose last spans were committed before
+/// `quiet_before`, and ones still receiving spans that have waited since before
+/// `waiting_before` (`--max-trace-wait`), at most `limit` traces, longest waiting first.
+/// `waiting_before <= quiet_before`: of an active trace, the commits before `quiet_before`
+/// are taken (SQLite's marks), the later ones bring it back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DueQuery {
+    pub quiet_before: u64,
+    pub waiting_before: u64,
+    pub limit: u32,
+}
+
+impl DueQuery {
+    /// Quiet traces only.
+    pub fn quiet(quiet_before: u64, limit: u32) -> DueQuery {
+        DueQuery {
+            quiet_before,
+            waiting_before: 0,
+            limit,
+        }
+    }
+}
+
+/// What waits for analysis, for `/api/status`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Traces with spans not analysed yet.
+    pub traces: u64,
+    /// When the trace whose last commit is the oldest had it (unix nanoseconds).
+    pub oldest_commit_unix_nano: Option<u64>,
+    /// Traces still receiving spans that have waited since before the quiet cutoff given.
+    pub active: u64,
+}
+
 /// Hop rollups of `[since, until)` (minute-aligned), optionally of one service or operation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RollupQuery<'a> {

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::query::{Cursor, StaleQuery};
+use super::query::{Backlog, Cursor, DueQuery, StaleQuery};
 use super::rollup::StoredRollup;
 use super::spans::decode_positions;
 use super::summaries::{Replace, stale_count, stale_query, write_summaries};
@@ -34,16 +34,12 @@ where
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
 {
-    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
-        self.backend.analysis_backlog().await
+    async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {
+        self.backend.analysis_backlog(quiet_before).await
     }
 
-    async fn quiet_traces(
-        &self,
-        received_before: u64,
-        limit: u32,
-    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
-        self.backend.quiet_traces(received_before, limit).await
+    async fn due_traces(&self, query: &DueQuery) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        self.backend.due_traces(query).await
     }
 
     async fn write_summaries(

@@ -26,7 +26,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::StoreError;
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Cursor};
+use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;
@@ -677,6 +677,7 @@ impl Backend for SqliteBackend {
     const MARKS: &'static str = "trace_marks";
     const ROLLUP_CHUNK: usize = 300;
     const WRITERS_LOCK: &'static str = "";
+    const RESTART_WAIT: &'static str = "";
     const SUBSTRING: &'static str = "instr";
 
     fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
@@ -715,35 +716,45 @@ impl Backend for SqliteBackend {
         .rows_affected())
     }
 
-    async fn analysis_backlog(&self) -> Result<(u64, Option<u64>), StoreError> {
-        // A trace's marks: one per commit that held its spans; the last one counts.
-        let (traces, oldest): (i64, Option<i64>) = sqlx::query_as(
-            "SELECT count(*), min(last) FROM \
-             (SELECT max(received_unix_nano) AS last FROM trace_marks GROUP BY trace_id)",
+    async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {
+        // A trace's marks: one per commit that held its spans; the last one says when it
+        // was last committed, the first since when it waits.
+        let (traces, oldest, active): (i64, Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT count(*), min(last), sum(first < ?1 AND last >= ?1) FROM \
+             (SELECT min(received_unix_nano) AS first, max(received_unix_nano) AS last \
+              FROM trace_marks GROUP BY trace_id)",
         )
+        .bind(i64::try_from(quiet_before).unwrap_or(i64::MAX))
         .fetch_one(&self.reader)
         .await?;
-        Ok((traces.max(0) as u64, oldest.map(|t| t.max(0) as u64)))
+        Ok(Backlog {
+            traces: traces.max(0) as u64,
+            oldest_commit_unix_nano: oldest.map(|t| t.max(0) as u64),
+            active: active.unwrap_or(0).max(0) as u64,
+        })
     }
 
-    async fn quiet_traces(
-        &self,
-        received_before: u64,
-        limit: u32,
-    ) -> Result<Vec<(TraceId, i64)>, StoreError> {
-        let before = i64::try_from(received_before).unwrap_or(i64::MAX);
+    async fn due_traces(&self, query: &DueQuery) -> Result<Vec<(TraceId, i64)>, StoreError> {
+        let before = i64::try_from(query.quiet_before).unwrap_or(i64::MAX);
+        let waiting_before = i64::try_from(query.waiting_before).unwrap_or(i64::MAX);
+        let limit = query.limit;
         // A trace with a recent mark is not quiet, whatever older marks it also has. SQLite
         // evaluates the subquery once, into a temporary index, and only when a due mark
         // needs it. Read out through sqlx into a set instead (every mark of the last quiet
         // period, row by row, at every poll, even when nothing was due), the recent marks
         // cost a tenth of the server's CPU (`budgetscope-bench ingest --spans 1000000`).
+        // A trace still receiving spans is due too once its first mark is older than
+        // `waiting_before`: its marks before the quiet cutoff are taken, the later ones stay
+        // and bring it back when it goes quiet.
         let mut due = sqlx::query_as::<_, (Vec<u8>, i64)>(
             "SELECT trace_id, received_unix_nano FROM trace_marks \
-             WHERE received_unix_nano < ?1 AND trace_id NOT IN \
+             WHERE received_unix_nano < ?1 AND (trace_id NOT IN \
              (SELECT trace_id FROM trace_marks WHERE received_unix_nano >= ?1) \
+             OR trace_id IN (SELECT trace_id FROM trace_marks WHERE received_unix_nano < ?2)) \
              ORDER BY received_unix_nano",
         )
         .bind(before)
+        .bind(waiting_before)
         .fetch(&self.reader);
         // Every due mark of up to `limit` quiet traces, oldest first. A mark past the first
         // `limit` traces stays for a later pass, which at worst analyses its trace again.

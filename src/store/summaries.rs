@@ -23,7 +23,9 @@ const CHUNK: usize = 500;
 /// Which traces a write may replace.
 pub(crate) enum Replace<'a> {
     /// Traces given with marks (trace, mark): written when this write cleared one of their
-    /// marks; traces given without marks are written in any case.
+    /// marks or a mark of theirs is left (a span arrived since; their wait then restarts
+    /// at their last commit), not when all are gone (another server wrote them); traces
+    /// given without marks are written in any case.
     Marked(&'a [(TraceId, i64)]),
     /// Only traces whose stored summary exists and was analysed with another version than
     /// this one (the re-analysis of stored traces after the rules changed).
@@ -61,14 +63,24 @@ where
     let (written, mut replaced) = match replace {
         Replace::Marked(analysed) => {
             // Marks are cleared first: of two servers that analysed the same trace, the
-            // second finds its marks gone and writes nothing, and a trace whose mark a late
-            // span replaced waits for its next analysis.
+            // second finds its marks gone and writes nothing. A trace whose mark a late span
+            // replaced is written too (one receiving spans all the time would never be) and
+            // is analysed again; its old contribution goes either way.
             let cleared = clear_marks::<B::Db>(conn, B::MARKS, analysed).await?;
             let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
+            let uncleared: Vec<TraceId> = marked.difference(&cleared).copied().collect();
+            let waiting = still_marked::<B::Db>(conn, B::MARKS, &uncleared).await?;
+            if !B::RESTART_WAIT.is_empty() {
+                for chunk in waiting.iter().copied().collect::<Vec<_>>().chunks(CHUNK) {
+                    let mut restart = QueryBuilder::<B::Db>::new(B::RESTART_WAIT);
+                    push_list(&mut restart, chunk.iter().map(|id| id.0.to_vec()));
+                    restart.build().execute(&mut *conn).await?;
+                }
+            }
             let written: HashSet<TraceId> = traces
                 .iter()
                 .map(|(summary, _)| summary.trace_id)
-                .filter(|id| cleared.contains(id) || !marked.contains(id))
+                .filter(|id| cleared.contains(id) || waiting.contains(id) || !marked.contains(id))
                 .collect();
             let replaced: Vec<TraceId> = written.union(&cleared).copied().collect();
             (written, replaced)
@@ -177,14 +189,43 @@ where
         });
         clear.push(") RETURNING trace_id");
         let ids: Vec<(Vec<u8>,)> = clear.build_query_as().fetch_all(&mut *conn).await?;
-        for (id,) in ids {
-            cleared.insert(
-                TraceId::from_bytes(&id)
-                    .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
-            );
-        }
+        collect_ids(ids, &mut cleared)?;
     }
     Ok(cleared)
+}
+
+/// Those of `ids` that still have a mark in `marks`.
+async fn still_marked<DB: Database>(
+    conn: &mut DB::Connection,
+    marks: &str,
+    ids: &[TraceId],
+) -> Result<HashSet<TraceId>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut found = HashSet::new();
+    for chunk in ids.chunks(CHUNK) {
+        let mut q = QueryBuilder::<DB>::new(format!(
+            "SELECT DISTINCT trace_id FROM {marks} WHERE trace_id IN "
+        ));
+        push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+        let rows: Vec<(Vec<u8>,)> = q.build_query_as().fetch_all(&mut *conn).await?;
+        collect_ids(rows, &mut found)?;
+    }
+    Ok(found)
+}
+
+/// Adds the trace ids read to `into`.
+fn collect_ids(rows: Vec<(Vec<u8>,)>, into: &mut HashSet<TraceId>) -> Result<(), StoreError> {
+    for (id,) in rows {
+        into.insert(
+            TraceId::from_bytes(&id).map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?,
+        );
+    }
+    Ok(())
 }
 
 /// `WHERE` condition of summaries analysed otherwise than `version`, with its parameters.
