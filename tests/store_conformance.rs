@@ -1199,3 +1199,63 @@ async fn an_active_trace_is_due_after_its_longest_wait_and_its_wait_restarts() {
     })
     .await;
 }
+
+/// With no connection to be had, a Postgres write says why rather than "pool timed out":
+/// the server's own reason when it refuses new connections (here the role's limit), or
+/// that this server's connections are all in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_without_a_connection_names_the_reason() {
+    use sqlx::Connection as _;
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let role = format!("bs_limited_{}", common::unique_suffix());
+    let schema = db.texts("SELECT current_schema()").await.remove(0);
+    db.execute(&format!("CREATE ROLE {role} LOGIN")).await;
+    db.execute(&format!("ALTER SCHEMA {schema} OWNER TO {role}"))
+        .await;
+    let mut url = reqwest::Url::parse(&db.url).unwrap();
+    url.set_username(&role).unwrap();
+    let store = store::open(url.as_str()).await.unwrap();
+    let (spans, _) = analysed_trace(9);
+    store.write_spans(&spans).await.unwrap();
+
+    // Every write waits on a lock held elsewhere, so each holds a connection of the pool.
+    let mut locker = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {schema}.spans IN ACCESS EXCLUSIVE MODE"
+    )))
+    .execute(&mut locker)
+    .await
+    .unwrap();
+    let write = |id: u8| {
+        let store = store.clone();
+        let mut spans = spans.clone();
+        spans.iter_mut().for_each(|s| s.span_id = SpanId([id; 8]));
+        tokio::spawn(async move { store.write_spans(&spans[..1]).await })
+    };
+    let held: Vec<_> = (100..108).map(write).collect();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let error = write(110).await.unwrap().unwrap_err().to_string();
+    assert!(
+        error.contains("all 8 of this server's connections were in use"),
+        "{error}"
+    );
+
+    // Postgres refuses more connections for the role: its words are in the error.
+    db.execute(&format!("ALTER ROLE {role} CONNECTION LIMIT 0"))
+        .await;
+    let error = write(111).await.unwrap().unwrap_err().to_string();
+    assert!(
+        error.contains("Postgres refuses new ones") && error.contains("too many connections"),
+        "{error}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    for write in held {
+        write.await.unwrap().unwrap();
+    }
+    drop(store);
+    db.execute(&format!("DROP OWNED BY {role}")).await;
+    db.execute(&format!("DROP ROLE {role}")).await;
+}

@@ -63,6 +63,10 @@ fn first_connection(error: &sqlx::Error) -> String {
     }
 }
 
+/// Connections per store, and how long a write waits for one.
+const POOL_SIZE: u32 = 8;
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Summaries written before the first statistics refresh.
 const FIRST_ANALYZE_AT: u64 = 10_000;
 
@@ -91,8 +95,8 @@ impl PostgresBackend {
             }
         }
         let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
+            .max_connections(POOL_SIZE)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
@@ -144,6 +148,54 @@ impl PostgresBackend {
         }
     }
 
+    /// A connection from the pool. When none comes in time, the error says why, which the
+    /// pool's own ("pool timed out") does not: Postgres's reason for refusing a new one
+    /// (too many clients, too many for the role, starting up), or that this server's
+    /// connections are all in use.
+    async fn connection(&self) -> Result<sqlx::pool::PoolConnection<Postgres>, StoreError> {
+        match self.pool.acquire().await {
+            Ok(conn) => Ok(conn),
+            Err(sqlx::Error::PoolTimedOut) => {
+                Err(StoreError::Unavailable(self.no_connection().await))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn no_connection(&self) -> String {
+        let waited = ACQUIRE_TIMEOUT.as_secs();
+        let options = self.pool.connect_options();
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(options.as_ref()),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+                format!(
+                    "no database connection within {waited} s: all {POOL_SIZE} of this \
+                     server's connections were in use (statements waiting on a lock or a \
+                     slow database; see pg_stat_activity)"
+                )
+            }
+            Ok(Err(sqlx::Error::Database(db))) => format!(
+                "no database connection within {waited} s: Postgres refuses new ones: {} \
+                 (raise its max_connections or the role's connection limit, or close \
+                 other clients)",
+                db.message()
+            ),
+            Ok(Err(error)) => format!(
+                "no database connection within {waited} s: {}",
+                first_connection(&error)
+            ),
+            Err(_) => format!(
+                "no database connection within {waited} s, and Postgres did not answer a new \
+                 one within 2 s; check that it is up and reachable"
+            ),
+        }
+    }
+
     /// Inserts already-encoded rows in one transaction.
     pub async fn insert_rows(
         &self,
@@ -155,7 +207,8 @@ impl PostgresBackend {
         fn column<'a, T>(rows: &'a [SpanRow], f: impl Fn(&'a SpanRow) -> T) -> Vec<T> {
             rows.iter().map(f).collect()
         }
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.connection().await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::query(INSERT_SPANS)
             .bind(column(rows, |r| r.trace_id.as_slice()))
             .bind(column(rows, |r| r.span_id.as_slice()))
@@ -311,7 +364,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn writer(&self) -> Result<PoolWriter, StoreError> {
-        Ok(PoolWriter(self.pool.acquire().await?))
+        Ok(PoolWriter(self.connection().await?))
     }
 
     async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
