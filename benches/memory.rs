@@ -9,6 +9,10 @@
 //!    protobuf and over JSON, for requests of 100, 512 and 4,096 spans.
 //! 2. The analyzer's pass: 200 traces read with `Store::traces_within`, analysed and
 //!    summarised, per byte of span rows read.
+//! 3. Reads of one flat trace (every span a child of the root) through the router, until
+//!    the whole answer is read: the trace page, `GET /api/traces/{id}`, the Jaeger API's
+//!    trace, per byte of the trace's rows; and the streamed OTLP download's peak, which
+//!    should not grow with the trace.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -156,13 +160,80 @@ async fn pass() {
     }
 }
 
+/// One trace of `count` spans, all children of its root.
+fn flat_trace(count: usize) -> Vec<Span> {
+    let mut spans: Vec<Span> = generate(count, 512)
+        .into_iter()
+        .flat_map(|r| normalize(r, &options(), now()).spans)
+        .take(count)
+        .collect();
+    let trace_id = TraceId([7; 16]);
+    let root = spans[0].span_id;
+    for (i, span) in spans.iter_mut().enumerate() {
+        span.trace_id = trace_id;
+        span.parent_span_id = (i > 0).then_some(root);
+        span.span_id = budgetscope::core::model::SpanId((i as u64 + 1).to_be_bytes());
+    }
+    spans
+}
+
+async fn reads() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    println!();
+    println!("| read of a flat trace | spans | row bytes | peak heap ÷ row bytes | peak heap |");
+    println!("|---|---|---|---|---|");
+    for count in [5_000, 20_000] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let url = format!("sqlite://{}", dir.path().join("reads.db").display());
+        let store = budgetscope::store::open(&url).await.expect("opens");
+        let spans = flat_trace(count);
+        let id = spans[0].trace_id;
+        store.write_spans(&spans).await.expect("stores");
+        drop(spans);
+        let size = store.trace_size(&[id]).await.expect("sizes");
+        let mut state = budgetscope::web::AppState::new(store, AnalyzeOptions::default());
+        state.memory = MemoryBudget::with_pool(1 << 40);
+        let app = budgetscope::web::app(state);
+        for path in [
+            format!("/traces/{id}"),
+            format!("/api/traces/{id}"),
+            format!("/jaeger/api/traces/{id}"),
+            format!("/api/traces/{id}/otlp"),
+        ] {
+            let before = LIVE.load(Ordering::Relaxed);
+            PEAK.store(before, Ordering::Relaxed);
+            let request = axum::http::Request::get(&path)
+                .header("host", "localhost")
+                .body(axum::body::Body::empty())
+                .expect("a request");
+            let response = app.clone().oneshot(request).await.expect("answers");
+            assert_eq!(response.status(), 200, "{path}");
+            let mut body = response.into_body();
+            while let Some(frame) = body.frame().await {
+                drop(frame.expect("a body frame"));
+            }
+            let peak = PEAK.load(Ordering::Relaxed).saturating_sub(before);
+            println!(
+                "| {} | {} | {} | {:.2} | {:.1} MiB |",
+                path.replace(&id.to_string(), "{id}"),
+                size.spans,
+                size.bytes,
+                peak as f64 / size.bytes as f64,
+                peak as f64 / (1 << 20) as f64
+            );
+        }
+    }
+}
+
 fn main() {
     requests();
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("a runtime")
-        .block_on(pass());
+        .expect("a runtime");
+    runtime.block_on(pass());
+    runtime.block_on(reads());
 }
 
 fn now() -> u64 {

@@ -6,12 +6,7 @@
 
 mod common;
 
-use std::time::Duration;
-
 use budgetscope::core::analyze::AnalyzeOptions;
-use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
-use budgetscope::pipeline::held::HeldTraces;
-use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
 use budgetscope::web::AppState;
 use common::{TestDb, fixture_trace, oneshot};
 use expect_test::{Expect, expect};
@@ -38,15 +33,7 @@ edge server "GET /checkout" 1000 120 budget=800
 "#,
     ));
     store.write_spans(&spans).await.unwrap();
-    let options = AnalyzerOptions {
-        quiet_period: Duration::ZERO,
-        max_trace_wait: Duration::from_secs(300),
-        analyze: AnalyzeOptions::default(),
-        metrics: Default::default(),
-        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-        held: HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-    };
-    while analysis_pass(store.as_ref(), &options).await.unwrap().more {}
+    common::analyse_waiting(store.as_ref()).await;
     (db, AppState::new(store, AnalyzeOptions::default()))
 }
 

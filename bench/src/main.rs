@@ -6,6 +6,7 @@
 
 mod ingest;
 mod inproc;
+mod reads;
 mod sustained;
 
 use std::path::PathBuf;
@@ -43,6 +44,25 @@ pub enum BenchCommand {
     /// A fixed rate of realistic traces for minutes: how far analysis falls behind ingest
     /// (from the server's /api/status), with the ingest figures, CPU and memory.
     Sustained(sustained::SustainedBench),
+    /// Concurrent reads of one huge flat trace from a real server under --memory-limit:
+    /// statuses, answer sizes and the server's peak anonymous memory per endpoint.
+    Reads(ReadsBench),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReadsBench {
+    /// Spans of the trace.
+    #[arg(long, default_value = "300000")]
+    pub spans: usize,
+    /// Reads sent at once to each endpoint.
+    #[arg(long, default_value = "3")]
+    pub concurrency: usize,
+    /// The server's --memory-limit.
+    #[arg(long, default_value = "256MiB")]
+    pub memory_limit: String,
+    /// The server binary (default: the budgetscope beside this harness), for a baseline.
+    #[arg(long)]
+    pub server: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -169,6 +189,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Ingest(bench) => ingest::ingest(bench).await,
         BenchCommand::Sustained(bench) => sustained::sustained(bench).await,
+        BenchCommand::Reads(bench) => reads::reads(bench).await,
         BenchCommand::Query(bench) => inproc::query_bench(bench).await,
         BenchCommand::Ui(bench) => inproc::ui_bench(bench).await,
         BenchCommand::Receive(bench) => {

@@ -22,7 +22,15 @@ fn run(args: &[&str]) -> (bool, String, String) {
 fn help_lists_every_benchmark() {
     let (ok, help, _) = run(&["--help"]);
     assert!(ok, "{help}");
-    for bench in ["ingest", "analyze", "query", "ui", "receive", "sustained"] {
+    for bench in [
+        "ingest",
+        "analyze",
+        "query",
+        "ui",
+        "receive",
+        "sustained",
+        "reads",
+    ] {
         assert!(help.contains(bench), "{bench} missing from:\n{help}");
     }
     let (ok, help, _) = run(&["ingest", "--help"]);
@@ -208,4 +216,27 @@ fn bench_overload_is_refused_and_retried_without_loss() {
         stdout.contains("| spans sent / stored after shutdown | 2000 / 2000 |"),
         "{stdout}"
     );
+}
+
+/// A trace more than one read may take under the smallest memory limit: the whole-trace
+/// reads are refused at once, the download streams it all, and the memory is reported.
+#[test]
+fn bench_reads_reports_refusals_the_streamed_download_and_memory() {
+    let (ok, stdout, stderr) = run(&["reads", "--spans", "10000", "--concurrency", "2"]);
+    assert!(ok, "{stderr}");
+    for endpoint in [
+        "/api/traces/{id}",
+        "/traces/{id}",
+        "/jaeger/api/traces/{id}",
+    ] {
+        assert!(
+            stdout.contains(&format!("| {endpoint} | 413, 413 | ")),
+            "{endpoint}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("| /api/traces/{id}/otlp | 200, 200 | "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("peak anonymous memory"), "{stdout}");
 }

@@ -1,12 +1,14 @@
 //! One budget of working memory (`--memory-limit`), shared by what grows with load: export
 //! requests from their first body byte until their spans are committed, the committed
-//! spans held for the analyzer (`crate::pipeline::held`, which only takes what is free), and the
-//! background analyzer's pass.
+//! spans held for the analyzer (`crate::pipeline::held`, which only takes what is free), the
+//! background analyzer's pass, and reads of whole traces (the trace page and APIs).
 //!
 //! Architecture invariant: ingest only ever *tries* to reserve, and a request that finds no
 //! room is refused with a retryable status before more of it is read; the analyzer always
 //! gets at least `MIN_PASS` (it shrinks its pass to what is free, never stops), so the
 //! pool is exceeded by at most that much, plus a single trace larger than a whole pass.
+//! A read of whole traces reserves what it will take before it reads a row, and is
+//! refused when that is more than `READ_SHARE_DIVISOR` allows one read or than is free.
 //! The figures below are measured by `cargo bench --bench memory` (BENCHMARKS.md, "Memory").
 
 use std::sync::Arc;
@@ -23,6 +25,15 @@ pub const REQUEST_BYTES_PER_BODY_BYTE: u64 = 5;
 /// Heap the analyzer's pass may take per byte of the span rows it reads: the rows, the
 /// decoded spans, the analysis and the summaries; measured 4.0 at its peak, with a margin.
 pub const PASS_BYTES_PER_ROW_BYTE: u64 = 5;
+
+/// Heap a read of whole traces may take per byte of their rows, until its answer is built:
+/// the spans, their analysis and the page or JSON text; the largest of the page, the API
+/// and the Jaeger API by `cargo bench --bench memory`, with a margin.
+pub const READ_BYTES_PER_ROW_BYTE: u64 = 10;
+
+/// One read takes at most this share of the pool (1/4), so reads leave room for ingest and
+/// the analyzer, and a larger trace is read in pieces or not at all.
+const READ_SHARE_DIVISOR: u64 = 4;
 
 /// What `--memory-limit` keeps aside for memory that does not grow with load: the
 /// binary, thread stacks, SQLite's page caches and mapped pages, the allocator's slack.
@@ -100,6 +111,38 @@ impl MemoryBudget {
         Reservation {
             budget: self.clone(),
             bytes: taken,
+        }
+    }
+}
+
+/// Why a read of whole traces was not given its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadRefused {
+    /// More than one read may ever take (`limit` bytes): reading it whole is refused.
+    TooLarge { needs: u64, limit: u64 },
+    /// Other work holds the memory now: retry later.
+    Busy { needs: u64 },
+}
+
+impl MemoryBudget {
+    /// The most one read of whole traces may take.
+    pub fn read_limit(&self) -> u64 {
+        self.pool / READ_SHARE_DIVISOR
+    }
+
+    /// Reserves a read of whole traces whose rows take `row_bytes`.
+    pub fn reserve_read(self: &Arc<Self>, row_bytes: u64) -> Result<Reservation, ReadRefused> {
+        let needs = row_bytes.saturating_mul(READ_BYTES_PER_ROW_BYTE);
+        if needs > self.read_limit() {
+            return Err(ReadRefused::TooLarge {
+                needs,
+                limit: self.read_limit(),
+            });
+        }
+        let mut reservation = self.empty();
+        match reservation.try_grow_to(needs) {
+            true => Ok(reservation),
+            false => Err(ReadRefused::Busy { needs }),
         }
     }
 }
@@ -206,6 +249,29 @@ mod tests {
             "a loaded pass is accounted as it is"
         );
         drop(pass);
+        drop(ingest);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_read_takes_at_most_its_share_and_only_what_is_free() {
+        let budget = MemoryBudget::with_pool(400 * MIB);
+        let row_bytes = |bytes: u64| bytes / READ_BYTES_PER_ROW_BYTE;
+        assert_eq!(
+            budget.reserve_read(row_bytes(101 * MIB)).unwrap_err(),
+            ReadRefused::TooLarge {
+                needs: row_bytes(101 * MIB) * READ_BYTES_PER_ROW_BYTE,
+                limit: 100 * MIB
+            }
+        );
+        let mut ingest = budget.empty();
+        assert!(ingest.try_grow_to(350 * MIB));
+        let read = budget.reserve_read(row_bytes(48 * MIB)).unwrap();
+        assert!(matches!(
+            budget.reserve_read(row_bytes(10 * MIB)),
+            Err(ReadRefused::Busy { .. })
+        ));
+        drop(read);
         drop(ingest);
         assert_eq!(budget.used(), 0);
     }

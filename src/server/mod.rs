@@ -236,6 +236,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             allowed_hosts: web::allowed_hosts(config.http_addr, &config.allowed_hosts),
             status: status.clone(),
             access: ui_access,
+            memory: memory.clone(),
         }),
         limits,
         certificate.as_ref().map(|c| c.acceptor(false)),

@@ -56,13 +56,13 @@ use crate::core::alerts::silence::Silence;
 use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::{HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey};
 use crate::core::analyze::summary::TraceSummary;
-use crate::core::model::{Span, SpanKind, TraceId};
+use crate::core::model::{Span, SpanId, SpanKind, TraceId};
 pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
 pub use error::{Fault, StoreError};
 use query::{
     Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
-    StaleQuery, TraceQuery,
+    StaleQuery, TraceQuery, TraceSize,
 };
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
@@ -103,6 +103,19 @@ pub trait TraceReader: Send + Sync {
         trace_ids: &[TraceId],
         max_bytes: u64,
     ) -> Result<(Vec<Span>, u64), StoreError>;
+
+    /// The size of `trace_ids` together, counted without holding their rows: what a read of
+    /// them reserves in the memory budget first.
+    async fn trace_size(&self, trace_ids: &[TraceId]) -> Result<TraceSize, StoreError>;
+
+    /// At most `limit` spans of a trace in span-id order, after `after`: a trace read piece
+    /// by piece (the streamed OTLP download), each piece a range of the primary key.
+    async fn trace_page(
+        &self,
+        trace_id: TraceId,
+        after: Option<SpanId>,
+        limit: u32,
+    ) -> Result<Vec<Span>, StoreError>;
 
     /// How many spans are stored of each of `trace_ids` (traces with none are left out): the
     /// analyzer's check that the spans it holds in memory are all of a trace's.

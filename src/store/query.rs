@@ -138,6 +138,14 @@ impl DueQuery {
     }
 }
 
+/// How much of the store some traces take: their spans and the bytes of their rows as
+/// `TraceReader::traces_within` counts them (ids and text), what a read of them holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TraceSize {
+    pub spans: u64,
+    pub bytes: u64,
+}
+
 /// What waits for analysis, for `/api/status`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {

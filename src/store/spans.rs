@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::query::{Cursor, StoredSummary, TraceQuery, finish_search, start_search};
+use super::query::{Cursor, StoredSummary, TraceQuery, TraceSize, finish_search, start_search};
 use super::rollup::decode_hops;
 use super::summaries::{delete_summaries_before, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
@@ -48,6 +48,7 @@ where
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i16): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
 {
@@ -84,6 +85,41 @@ where
             }
         }
         Ok(within.finish())
+    }
+
+    async fn trace_size(&self, trace_ids: &[TraceId]) -> Result<TraceSize, StoreError> {
+        let mut size = TraceSize::default();
+        for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
+            // `StoredRow::text_bytes`, summed by the database.
+            let mut q = QueryBuilder::<B::Db>::new(
+                "SELECT count(*), coalesce(sum(octet_length(trace_id) + octet_length(span_id) \
+                 + 8 + octet_length(service) + octet_length(name) \
+                 + octet_length(status_message) + coalesce(octet_length(budget_source), 0) \
+                 + octet_length(attributes) + octet_length(resource) + octet_length(details)), 0) \
+                 FROM spans WHERE trace_id IN ",
+            );
+            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+            let (spans, bytes): (i64, i64) =
+                q.build_query_as().fetch_one(self.backend.reader()).await?;
+            size.spans += spans.max(0) as u64;
+            size.bytes += bytes.max(0) as u64;
+        }
+        Ok(size)
+    }
+
+    async fn trace_page(
+        &self,
+        trace_id: TraceId,
+        after: Option<SpanId>,
+        limit: u32,
+    ) -> Result<Vec<Span>, StoreError> {
+        let mut q = spans_of::<B::Db>(&[trace_id], "");
+        if let Some(after) = after {
+            q.push(" AND span_id > ").push_bind(after.0.to_vec());
+        }
+        q.push(" ORDER BY span_id LIMIT ")
+            .push_bind(i64::from(limit));
+        decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)
     }
 
     async fn span_counts(

@@ -12,9 +12,11 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
+use super::read::whole_traces;
 use crate::core::analyze::{Analysis, AnalyzeOptions, analyze};
 use crate::core::attr_json;
 use crate::core::model::{Span, TraceId};
+use crate::otlp::download::to_request;
 
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
@@ -87,43 +89,103 @@ fn truncate(text: &str, max: usize) -> String {
     text.chars().take(max).collect()
 }
 
-/// The stored spans of the trace a path names, or the API's 400/404.
-async fn stored_trace(state: &AppState, trace_id: &str) -> Result<(TraceId, Vec<Span>), ApiError> {
-    let id = parse_trace_id(trace_id)?;
-    let spans = state.store.trace(id).await?;
-    if spans.is_empty() {
-        return Err(ApiError::not_found(
-            "trace_not_found",
-            format!(
-                "no spans stored for trace {id}; it may not have been exported yet, or it is \
-                 older than the retention period"
-            ),
-        ));
-    }
-    Ok((id, spans))
+/// The 404 of a trace with no spans stored.
+fn trace_not_found(id: TraceId) -> ApiError {
+    ApiError::not_found(
+        "trace_not_found",
+        format!(
+            "no spans stored for trace {id}; it may not have been exported yet, or it is \
+             older than the retention period"
+        ),
+    )
+}
+
+/// What to ask for instead of a trace too large to read whole.
+pub fn too_large_instead(id: TraceId) -> String {
+    format!(
+        "Download it with GET /api/traces/{id}/otlp, which streams it in pieces, or raise \
+         --memory-limit."
+    )
 }
 
 pub async fn trace(
     State(state): State<AppState>,
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (id, spans) = stored_trace(&state, &trace_id).await?;
+    let id = parse_trace_id(&trace_id)?;
+    let read = whole_traces(&state, &[id])
+        .await
+        .map_err(|e| e.api(&format!("trace {id}"), &too_large_instead(id)))?;
+    if read.spans.is_empty() {
+        return Err(trace_not_found(id));
+    }
     let options = state.analyze.clone();
-    // Large traces take real CPU: keep it off the async workers.
-    let body = tokio::task::spawn_blocking(move || trace_json(id, &spans, &options))
+    // Large traces take real CPU: keep it off the async workers. The read's memory stays
+    // reserved until the body is built.
+    let body = tokio::task::spawn_blocking(move || trace_json(id, &read.spans, &options))
         .await
         .map_err(|_| ApiError::internal("the analysis of this trace was interrupted; retry"))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
+/// Spans per piece of the streamed OTLP download: a piece's spans and text are all it holds
+/// at a time, whatever the trace's size.
+const DOWNLOAD_PIECE: u32 = 2_000;
+
 /// `GET /api/traces/{id}/otlp`: the stored spans as an OTLP/JSON `ExportTraceServiceRequest`,
-/// as a download (`budgetscope analyze` and other OTLP tools read it).
+/// as a download (`budgetscope analyze` and other OTLP tools read it), streamed in pieces
+/// of `DOWNLOAD_PIECE` spans in span-id order (ranges of the primary key; an order by start
+/// would sort the whole trace for every piece), each piece's spans grouped by resource.
 pub async fn trace_otlp(
     State(state): State<AppState>,
     Path(trace_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let (id, spans) = stored_trace(&state, &trace_id).await?;
-    let body = crate::otlp::download::to_json(&spans);
+    let id = parse_trace_id(&trace_id)?;
+    let first = state.store.trace_page(id, None, DOWNLOAD_PIECE).await?;
+    if first.is_empty() {
+        return Err(trace_not_found(id));
+    }
+    enum Next {
+        Piece(Vec<Span>, bool),
+        Close,
+        Done,
+    }
+    let store = state.store.clone();
+    let pieces = futures_util::stream::unfold(Next::Piece(first, true), move |next| {
+        let store = store.clone();
+        async move {
+            let (spans, first) = match next {
+                Next::Done => return None,
+                Next::Close => return Some((Ok(bytes::Bytes::from_static(b"]}")), Next::Done)),
+                Next::Piece(spans, first) => (spans, first),
+            };
+            let mut text = String::from(if first { "{\"resourceSpans\":[" } else { "" });
+            for (i, resource) in to_request(&spans).resource_spans.iter().enumerate() {
+                if !first || i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&serde_json::to_string(resource).unwrap_or_default());
+            }
+            let next = match spans.last() {
+                Some(last) if spans.len() == DOWNLOAD_PIECE as usize => {
+                    match store
+                        .trace_page(id, Some(last.span_id), DOWNLOAD_PIECE)
+                        .await
+                    {
+                        Ok(more) if more.is_empty() => Next::Close,
+                        Ok(more) => Next::Piece(more, false),
+                        Err(error) => {
+                            tracing::warn!(%error, trace = %id, "the OTLP download stopped");
+                            let cut = std::io::Error::other("the database stopped answering");
+                            return Some((Err(cut), Next::Done));
+                        }
+                    }
+                }
+                _ => Next::Close,
+            };
+            Some((Ok(bytes::Bytes::from(text)), next))
+        }
+    });
     Ok((
         [
             (header::CONTENT_TYPE, "application/json".to_string()),
@@ -132,7 +194,7 @@ pub async fn trace_otlp(
                 format!("attachment; filename=\"trace-{id}.otlp.json\""),
             ),
         ],
-        body,
+        axum::body::Body::from_stream(pieces),
     )
         .into_response())
 }
@@ -143,7 +205,7 @@ pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> Stri
     let analysis = analyze(spans, options);
     let trace = TraceJson {
         trace_id: id.to_hex(),
-        spans: spans.iter().map(span_json).collect(),
+        spans: SpansJson(spans),
         analysis: AnalysisJson::new(spans, &analysis),
     };
     serde_json::to_string(&trace).unwrap_or_default()
@@ -152,8 +214,19 @@ pub fn trace_json(id: TraceId, spans: &[Span], options: &AnalyzeOptions) -> Stri
 #[derive(Serialize)]
 struct TraceJson<'a> {
     trace_id: String,
-    spans: Vec<Value>,
+    spans: SpansJson<'a>,
     analysis: AnalysisJson<'a>,
+}
+
+/// Spans written one by one as they are serialised: each span's JSON tree lives only while
+/// it is written, so a read holds the spans and the text, not a tree of every span
+/// (`cargo bench --bench memory`).
+struct SpansJson<'a>(&'a [Span]);
+
+impl Serialize for SpansJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(span_json))
+    }
 }
 
 /// The API form of an analysis (docs/api.md, "Budget analysis").

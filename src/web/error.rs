@@ -15,6 +15,8 @@ pub struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Seconds to wait before retrying (`Retry-After`), for refusals that pass.
+    retry_after_s: Option<u32>,
 }
 
 impl ApiError {
@@ -23,6 +25,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -31,6 +34,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -39,6 +43,7 @@ impl ApiError {
             status: StatusCode::CONFLICT,
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -47,6 +52,7 @@ impl ApiError {
             status: StatusCode::FORBIDDEN,
             code,
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -60,6 +66,7 @@ impl ApiError {
                 "forbidden"
             },
             message: message.into(),
+            retry_after_s: None,
         }
     }
 
@@ -68,6 +75,27 @@ impl ApiError {
             status: StatusCode::MISDIRECTED_REQUEST,
             code,
             message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// 413: more than the server will answer at once; the message says what to ask instead.
+    pub fn too_large(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            code,
+            message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// 503 with `Retry-After`: the server has no room for this now.
+    pub fn busy(code: &'static str, message: impl Into<String>, retry_after_s: u32) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code,
+            message: message.into(),
+            retry_after_s: Some(retry_after_s),
         }
     }
 
@@ -86,6 +114,7 @@ impl ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             code: "internal",
             message: message.into(),
+            retry_after_s: None,
         }
     }
 }
@@ -100,6 +129,7 @@ impl From<StoreError> for ApiError {
                     code: "store_unavailable",
                     message: "the database is unavailable; check that it is running (GET /readyz), then retry"
                         .into(),
+                    retry_after_s: None,
                 }
             }
             StoreError::Corrupt(_) | StoreError::Refused(_) => {
@@ -109,6 +139,7 @@ impl From<StoreError> for ApiError {
                     code: "corrupt_data",
                     message: "stored data could not be read; the server log names the record"
                         .into(),
+                    retry_after_s: None,
                 }
             }
         }
@@ -120,6 +151,12 @@ impl IntoResponse for ApiError {
         let body = serde_json::json!({
             "error": {"status": self.status.as_u16(), "code": self.code, "message": self.message}
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

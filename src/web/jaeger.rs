@@ -13,14 +13,15 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::api::parse_trace_id;
+use super::api::{parse_trace_id, too_large_instead};
 use super::error::ApiError;
+use super::read::whole_traces;
 use super::search::MAX_LIMIT;
 use crate::core::analyze::{Analysis, AnalyzeOptions, Row, analyze, hops};
 use crate::core::model::{
@@ -121,9 +122,12 @@ pub async fn operations(
 pub async fn trace(
     State(state): State<AppState>,
     Path(trace_id): Path<String>,
-) -> Result<Json<Value>, JaegerError> {
+) -> Result<Response, JaegerError> {
     let id = parse_trace_id(&trace_id)?;
-    let spans = state.store.trace(id).await.map_err(ApiError::from)?;
+    let read = whole_traces(&state, &[id])
+        .await
+        .map_err(|e| e.api(&format!("trace {id}"), &too_large_instead(id)))?;
+    let spans = read.spans;
     if spans.is_empty() {
         return Err(JaegerError {
             status: StatusCode::NOT_FOUND,
@@ -133,8 +137,7 @@ pub async fn trace(
             ),
         });
     }
-    let traces = translate(vec![(id, spans)], &state).await?;
-    Ok(envelope(Value::Array(traces), 1))
+    translate(vec![(id, spans)], &state).await
 }
 
 /// `GET /jaeger/api/traces?service=…`: the newest matching traces, whole. Parameters as
@@ -144,7 +147,7 @@ pub async fn trace(
 pub async fn search(
     State(state): State<AppState>,
     Query(params): Query<Vec<(String, String)>>,
-) -> Result<Json<Value>, JaegerError> {
+) -> Result<Response, JaegerError> {
     let now = crate::clock::now_unix_nano();
     let query = parse_search(&params, now)?;
     let summaries = state
@@ -154,11 +157,20 @@ pub async fn search(
         .map_err(ApiError::from)?;
     // One read for all the traces, answered in the search's order (newest first).
     let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
-    let mut by_trace = if ids.is_empty() {
-        Default::default()
-    } else {
-        hops::by_trace(state.store.traces(&ids).await.map_err(ApiError::from)?)
+    // The read's memory stays reserved until the answer is built.
+    let mut read = match ids.is_empty() {
+        true => None,
+        false => {
+            let what = format!("together, the {} traces found", ids.len());
+            let instead = "Ask for fewer (limit), or open a trace on its own.";
+            let read = whole_traces(&state, &ids).await;
+            Some(read.map_err(|e| e.api(&what, instead))?)
+        }
     };
+    let mut by_trace = read
+        .as_mut()
+        .map(|read| hops::by_trace(std::mem::take(&mut read.spans)))
+        .unwrap_or_default();
     let traces = ids
         .iter()
         .filter_map(|id| {
@@ -167,9 +179,9 @@ pub async fn search(
             Some((*id, spans))
         })
         .collect();
-    let traces = translate(traces, &state).await?;
-    let total = traces.len();
-    Ok(envelope(Value::Array(traces), total))
+    let answer = translate(traces, &state).await;
+    drop(read);
+    answer
 }
 
 /// Jaeger's search parameters as a `TraceQuery`; each invalid one named in a 400.
@@ -325,30 +337,43 @@ pub fn parse_go_duration(text: &str) -> Option<f64> {
 async fn translate(
     traces: Vec<(TraceId, Vec<Span>)>,
     state: &AppState,
-) -> Result<Vec<Value>, JaegerError> {
+) -> Result<Response, JaegerError> {
     let options = state.analyze.clone();
     let external_url = state.external_url.clone();
-    tokio::task::spawn_blocking(move || {
-        traces
-            .iter()
-            .map(|(id, spans)| trace_json(*id, spans, &options, &external_url))
-            .collect()
+    let body = tokio::task::spawn_blocking(move || {
+        let mut out = br#"{"data":["#.to_vec();
+        for (i, (id, spans)) in traces.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_trace_json(&mut out, *id, spans, &options, &external_url);
+        }
+        let tail = format!(
+            r#"],"total":{},"limit":0,"offset":0,"errors":null}}"#,
+            traces.len()
+        );
+        out.extend_from_slice(tail.as_bytes());
+        out
     })
     .await
     .map_err(|_| {
         JaegerError::from(ApiError::internal(
             "the analysis of these traces was interrupted; retry",
         ))
-    })
+    })?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
-/// One trace in Jaeger's shape, with budgetscope's analysis on its spans.
-pub fn trace_json(
+/// One trace in Jaeger's shape, with budgetscope's analysis on its spans, written span by
+/// span: each span's JSON tree lives only while it is written, so a read holds the spans and
+/// the text, not a tree of every span (`cargo bench --bench memory`).
+pub fn write_trace_json(
+    out: &mut Vec<u8>,
     id: TraceId,
     spans: &[Span],
     options: &AnalyzeOptions,
     external_url: &str,
-) -> Value {
+) {
     let analysis = analyze(spans, options);
     let rows = rows_by_span(spans, &analysis);
     // One process per service and resource, numbered in order of first appearance.
@@ -367,20 +392,21 @@ pub fn trace_json(
     }
     let root = analysis.rows.first().map(|row| row.span);
     let waterfall = format!("{external_url}/traces/{id}");
-    let spans_json: Vec<Value> = spans
-        .iter()
-        .enumerate()
-        .map(|(i, span)| {
-            let link = (Some(i) == root).then_some(waterfall.as_str());
-            span_json(span, &process_ids[i], rows[i], link)
-        })
-        .collect();
-    json!({
-        "traceID": id.to_hex(),
-        "spans": spans_json,
-        "processes": processes.into_iter().collect::<serde_json::Map<String, Value>>(),
-        "warnings": null,
-    })
+    // Writing to a Vec cannot fail; the values are JSON trees already.
+    out.extend_from_slice(br#"{"traceID":""#);
+    out.extend_from_slice(id.to_hex().as_bytes());
+    out.extend_from_slice(br#"","spans":["#);
+    for (i, span) in spans.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let link = (Some(i) == root).then_some(waterfall.as_str());
+        let _ = serde_json::to_writer(&mut *out, &span_json(span, &process_ids[i], rows[i], link));
+    }
+    out.extend_from_slice(br#"],"processes":"#);
+    let processes: serde_json::Map<String, Value> = processes.into_iter().collect();
+    let _ = serde_json::to_writer(&mut *out, &processes);
+    out.extend_from_slice(br#","warnings":null}"#);
 }
 
 fn rows_by_span<'a>(spans: &[Span], analysis: &'a Analysis) -> Vec<Option<&'a Row>> {

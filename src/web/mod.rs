@@ -22,6 +22,7 @@ pub mod error;
 pub mod hops;
 pub mod jaeger;
 pub mod pages;
+pub mod read;
 pub mod search;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use axum::routing::{delete, get, post, put};
 use crate::core::analyze::AnalyzeOptions;
 use crate::pipeline::alerter::RuleBook;
 use crate::pipeline::ingest::Ingestor;
+use crate::pipeline::memory::MemoryBudget;
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::status::Monitor;
 use crate::store::Store;
@@ -59,6 +61,8 @@ pub struct AppState {
     pub status: Arc<Monitor>,
     /// Who is let in (`--ui-tokens`, `--trusted-proxies`); everyone when neither is given.
     pub access: Arc<UiAccess>,
+    /// The working memory reads of whole traces reserve (`--memory-limit`, `read.rs`).
+    pub memory: Arc<MemoryBudget>,
 }
 
 impl AppState {
@@ -83,6 +87,7 @@ impl AppState {
             ingest: None,
             allowed_hosts: None,
             access: Arc::new(UiAccess::open()),
+            memory: MemoryBudget::for_limit(crate::pipeline::memory::DEFAULT_LIMIT),
         }
     }
 }

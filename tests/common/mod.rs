@@ -498,3 +498,19 @@ pub fn fixture_json_a_minute_ago(name: &str) -> Vec<u8> {
     }
     serde_json::to_vec(&body).unwrap()
 }
+
+/// Analyses every trace waiting in `store`, as the background analyzer does, with no quiet
+/// period and the default options.
+pub async fn analyse_waiting(store: &dyn budgetscope::store::Store) {
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+    let options = AnalyzerOptions {
+        quiet_period: Duration::ZERO,
+        max_trace_wait: Duration::from_secs(300),
+        analyze: Default::default(),
+        metrics: Default::default(),
+        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+        held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+    };
+    while analysis_pass(store, &options).await.unwrap().more {}
+}

@@ -23,7 +23,8 @@ use crate::core::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
 use crate::core::attr_json;
 use crate::core::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
 use crate::web::AppState;
-use crate::web::api::parse_trace_id;
+use crate::web::api::{parse_trace_id, too_large_instead};
+use crate::web::read::whole_traces;
 
 /// Traces with more rows than this start with deep subtrees collapsed.
 pub const COLLAPSE_ABOVE: usize = 200;
@@ -137,8 +138,10 @@ async fn render(
     respond: impl FnOnce(TracePage) -> Response + Send + 'static,
 ) -> Result<Response, PageError> {
     let id = parse_trace_id(trace_id.trim())?;
-    let spans = state.store.trace(id).await?;
-    if spans.is_empty() {
+    let read = whole_traces(state, &[id])
+        .await
+        .map_err(|e| e.page(&format!("Trace {id}"), &too_large_instead(id)))?;
+    if read.spans.is_empty() {
         return Err(PageError::not_found(
             "Trace not found",
             format!(
@@ -148,7 +151,7 @@ async fn render(
         ));
     }
     let options = state.analyze.clone();
-    tokio::task::spawn_blocking(move || respond(build(id, &spans, &options, &view)))
+    tokio::task::spawn_blocking(move || respond(build(id, &read.spans, &options, &view)))
         .await
         .map_err(|_| PageError::bad_request("Drawing this trace was interrupted; reload the page."))
 }
