@@ -29,6 +29,12 @@ fn flat_trace(trace: u8, count: u16) -> Vec<Span> {
                 SpanKind::Internal
             };
             s.attributes = vec![("item.body".into(), AttrValue::String("x".repeat(1_000)))];
+            if i + 1 == 4321 {
+                s.attributes.push((
+                    "needle".into(),
+                    AttrValue::String("Needle <script>alert(1)</script>".into()),
+                ));
+            }
             s
         })
         .collect()
@@ -67,12 +73,19 @@ async fn a_trace_larger_than_one_read_may_take_is_refused_with_what_to_do_and_do
                 assert!(body.contains(words), "{backend} {path}: {body}");
             }
         }
-        let (status, _, page) = oneshot(&state, &format!("/traces/{large_id}")).await;
-        assert_eq!(status, 413, "{backend}");
+        // The page lists it a page at a time instead; the rows of an expanded span need
+        // the whole trace.
+        let (status, _, page) = oneshot(
+            &state,
+            &format!("/traces/{large_id}/rows?parent=0000000000000001"),
+        )
+        .await;
+        assert_eq!(status, 413, "{backend}: {page}");
         assert!(
-            page.contains("This trace is too large to show whole") && page.contains("/otlp"),
-            "{backend}: {page}"
+            page.contains("This trace is too large to show whole"),
+            "{backend}"
         );
+        large_trace_pages(&state, large_id, backend).await;
 
         // The download streams the whole trace, in pieces of 2,000 spans.
         let (status, headers, body) =
@@ -133,4 +146,74 @@ async fn a_trace_larger_than_one_read_may_take_is_refused_with_what_to_do_and_do
         drop(exports);
         assert_eq!(state.memory.used(), 0, "{backend}");
     }
+}
+
+/// The href of the page's link with `rel`, unescaped.
+fn link(page: &str, rel: &str) -> Option<String> {
+    let at = page.find(&format!("rel=\"{rel}\""))?;
+    let href = page[..at].rsplit("href=\"").next()?.split('"').next()?;
+    Some(href.replace("&amp;", "&"))
+}
+
+/// The page of a trace too large to read whole: 500 spans at a time, previous and next, a
+/// find over the whole trace, a selected span's page with its attributes, all escaped.
+async fn large_trace_pages(state: &AppState, id: TraceId, backend: &str) {
+    let first = oneshot(state, &format!("/traces/{id}")).await;
+    assert_eq!(first.0, 200, "{backend}: {}", first.2);
+    let page = first.2;
+    for words in [
+        "This trace holds 5000 spans",
+        "--memory-limit",
+        &format!("/api/traces/{id}/otlp"),
+        "Spans 1–500 of 5000",
+    ] {
+        assert!(page.contains(words), "{backend}: {words} missing: {page}");
+    }
+    assert!(
+        !page.contains("rel=\"prev\""),
+        "{backend}: no previous page"
+    );
+    let next = link(&page, "next").expect("a next link");
+    let (status, _, second) = oneshot(state, &next).await;
+    assert_eq!(status, 200, "{backend}");
+    assert!(
+        second.contains("Spans 501–1000 of 5000"),
+        "{backend}: {second}"
+    );
+    let prev = link(&second, "prev").expect("a previous link");
+    let back = oneshot(state, &prev).await.2;
+    assert!(back.contains("Spans 1–500 of 5000"), "{backend}: {back}");
+
+    // Find searches every span in the database; the text is escaped.
+    let (status, _, found) = oneshot(state, &format!("/traces/{id}?find=NEEDLE")).await;
+    assert_eq!(status, 200, "{backend}");
+    assert!(
+        found.contains("1 of 5000 spans match"),
+        "{backend}: {found}"
+    );
+    assert!(
+        found.contains("Spans 1–1 of 1 matching"),
+        "{backend}: {found}"
+    );
+    let span = SpanId(4321u64.to_be_bytes()).to_hex();
+    assert!(found.contains(&span), "{backend}");
+
+    // A selected span opens the page that starts with it, with its attributes.
+    let (status, _, selected) = oneshot(state, &format!("/traces/{id}?span={span}")).await;
+    assert_eq!(status, 200, "{backend}");
+    assert!(
+        selected.contains("Spans 4321–4820 of 5000"),
+        "{backend}: {selected}"
+    );
+    assert!(selected.contains("aria-current=\"true\""), "{backend}");
+    assert!(
+        selected.contains("Needle &#60;script&#62;alert(1)") && !selected.contains("<script>alert"),
+        "{backend}: escaped: {selected}"
+    );
+    let (status, _, missing) = oneshot(state, &format!("/traces/{id}?span=00000000000fffff")).await;
+    assert_eq!(status, 200, "{backend}");
+    assert!(missing.contains("is not in this trace"), "{backend}");
+    let (status, _, bad) = oneshot(state, &format!("/traces/{id}?from=nonsense")).await;
+    assert_eq!(status, 400, "{backend}: {bad}");
+    assert!(bad.contains("not a position in this trace"), "{backend}");
 }

@@ -62,7 +62,7 @@ pub use backend::{Backend, SqlStore};
 pub use error::{Fault, StoreError};
 use query::{
     Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
-    StaleQuery, TraceQuery, TraceSize,
+    SpanListCounts, SpanListQuery, SpanPosition, StaleQuery, TraceQuery, TraceSize,
 };
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
@@ -116,6 +116,23 @@ pub trait TraceReader: Send + Sync {
         after: Option<SpanId>,
         limit: u32,
     ) -> Result<Vec<Span>, StoreError>;
+
+    /// A page of one trace's spans in start order (`SpanListQuery`); backwards, still in
+    /// start order. Holds `limit` spans whatever the trace's size.
+    async fn trace_span_list(
+        &self,
+        trace_id: TraceId,
+        query: &SpanListQuery<'_>,
+    ) -> Result<Vec<Span>, StoreError>;
+
+    /// The counts a page of `trace_span_list` shows: the trace's spans, those matching
+    /// `find`, and those of them before `before`.
+    async fn trace_span_counts(
+        &self,
+        trace_id: TraceId,
+        find: Option<&str>,
+        before: Option<SpanPosition>,
+    ) -> Result<SpanListCounts, StoreError>;
 
     /// How many spans are stored of each of `trace_ids` (traces with none are left out): the
     /// analyzer's check that the spans it holds in memory are all of a trace's.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::analyze::{AnalysisVersion, Flag, Outcome};
-use crate::core::model::TraceId;
+use crate::core::model::{SpanId, TraceId};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
@@ -144,6 +144,35 @@ impl DueQuery {
 pub struct TraceSize {
     pub spans: u64,
     pub bytes: u64,
+}
+
+/// A span's place in a trace's start order (then span id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SpanPosition {
+    pub start_unix_nano: u64,
+    pub span_id: SpanId,
+}
+
+/// Spans of one trace in start order, a page at a time (the page of a trace too large to
+/// read whole): those matching `find` (service, name or attribute text, any case, or a
+/// span id), from `from` on, or, `backwards`, the `limit` before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanListQuery<'a> {
+    pub find: Option<&'a str>,
+    pub from: Option<SpanPosition>,
+    pub backwards: bool,
+    pub limit: u32,
+}
+
+/// Counts over one trace for a page of its spans.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanListCounts {
+    pub spans: u64,
+    /// Spans matching `find` (all without one).
+    pub matched: u64,
+    /// Matching spans before the position given.
+    pub before: u64,
+    pub first_start_unix_nano: Option<u64>,
 }
 
 /// What waits for analysis, for `/api/status`.

@@ -11,7 +11,10 @@ use serde_json::Value;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::query::{Cursor, StoredSummary, TraceQuery, TraceSize, finish_search, start_search};
+use super::query::{
+    Cursor, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary, TraceQuery, TraceSize,
+    finish_search, start_search,
+};
 use super::rollup::decode_hops;
 use super::summaries::{delete_summaries_before, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
@@ -49,6 +52,7 @@ where
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i16): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64, i64): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, i64, i64, Option<i64>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
 {
@@ -120,6 +124,63 @@ where
         q.push(" ORDER BY span_id LIMIT ")
             .push_bind(i64::from(limit));
         decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)
+    }
+
+    async fn trace_span_list(
+        &self,
+        trace_id: TraceId,
+        query: &SpanListQuery<'_>,
+    ) -> Result<Vec<Span>, StoreError> {
+        let mut q = spans_of::<B::Db>(&[trace_id], "");
+        push_find::<B>(&mut q, query.find);
+        let order = match query.backwards {
+            false => {
+                if let Some(from) = query.from {
+                    q.push(" AND NOT");
+                    push_before(&mut q, from);
+                }
+                " ORDER BY start_unix_nano, span_id LIMIT "
+            }
+            true => {
+                if let Some(from) = query.from {
+                    q.push(" AND");
+                    push_before(&mut q, from);
+                }
+                " ORDER BY start_unix_nano DESC, span_id DESC LIMIT "
+            }
+        };
+        q.push(order).push_bind(i64::from(query.limit));
+        let mut spans = decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)?;
+        if query.backwards {
+            spans.reverse();
+        }
+        Ok(spans)
+    }
+
+    async fn trace_span_counts(
+        &self,
+        trace_id: TraceId,
+        find: Option<&str>,
+        before: Option<SpanPosition>,
+    ) -> Result<SpanListCounts, StoreError> {
+        let mut q = QueryBuilder::<B::Db>::new("SELECT count(*), coalesce(sum(CASE WHEN TRUE");
+        push_find::<B>(&mut q, find);
+        q.push(" THEN 1 ELSE 0 END), 0), coalesce(sum(CASE WHEN TRUE");
+        push_find::<B>(&mut q, find);
+        if let Some(before) = before {
+            q.push(" AND");
+            push_before(&mut q, before);
+        }
+        q.push(" THEN 1 ELSE 0 END), 0), min(start_unix_nano) FROM spans WHERE trace_id = ")
+            .push_bind(trace_id.0.to_vec());
+        let (spans, matched, before, first): (i64, i64, i64, Option<i64>) =
+            q.build_query_as().fetch_one(self.backend.reader()).await?;
+        Ok(SpanListCounts {
+            spans: spans.max(0) as u64,
+            matched: matched.max(0) as u64,
+            before: before.max(0) as u64,
+            first_start_unix_nano: first.map(|t| t.max(0) as u64),
+        })
     }
 
     async fn span_counts(
@@ -255,6 +316,48 @@ where
     push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
     q.push(tail);
     q
+}
+
+/// ` AND (…)`: spans whose service, name or attribute text holds `find` in any case, or,
+/// when it is 16 hex digits, the span with that id.
+fn push_find<B: Backend>(q: &mut QueryBuilder<B::Db>, find: Option<&str>)
+where
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+{
+    let Some(find) = find.map(str::trim).filter(|f| !f.is_empty()) else {
+        return;
+    };
+    let text = find.to_lowercase();
+    q.push(" AND (");
+    for (i, column) in ["service", "name", "attributes"].into_iter().enumerate() {
+        if i > 0 {
+            q.push(" OR ");
+        }
+        q.push(format!("{}(lower({column}), ", B::SUBSTRING))
+            .push_bind(text.clone())
+            .push(") > 0");
+    }
+    if let Ok(id) = SpanId::from_hex(find) {
+        q.push(" OR span_id = ").push_bind(id.0.to_vec());
+    }
+    q.push(")");
+}
+
+/// ` (…)`: spans before `position` in start order, then span id.
+fn push_before<DB: Database>(q: &mut QueryBuilder<DB>, position: SpanPosition)
+where
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let start = i64::try_from(position.start_unix_nano).unwrap_or(i64::MAX);
+    q.push(" (start_unix_nano < ")
+        .push_bind(start)
+        .push(" OR (start_unix_nano = ")
+        .push_bind(start)
+        .push(" AND span_id < ")
+        .push_bind(position.span_id.0.to_vec())
+        .push("))");
 }
 
 /// A span encoded into column values, shared by both backends' inserts.

@@ -11,6 +11,7 @@ pub mod alerts;
 pub mod escape;
 pub mod help;
 pub mod hop;
+pub mod large_trace;
 pub mod overview;
 pub mod trace;
 pub mod traces;

@@ -22,9 +22,11 @@ use super::{
 use crate::core::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
 use crate::core::attr_json;
 use crate::core::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
+use crate::pipeline::memory::ReadRefused;
 use crate::web::AppState;
 use crate::web::api::{parse_trace_id, too_large_instead};
-use crate::web::read::whole_traces;
+use crate::web::pages::large_trace;
+use crate::web::read::{ReadError, whole_traces};
 
 /// Traces with more rows than this start with deep subtrees collapsed.
 pub const COLLAPSE_ABOVE: usize = 200;
@@ -123,24 +125,33 @@ pub async fn trace(
     Path(trace_id): Path<String>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Response, PageError> {
-    render(&state, &trace_id, View::from_params(&params), |page| {
+    let view = View::from_params(&params);
+    render(&state, &trace_id, view, Some(&params), |page| {
         html(StatusCode::OK, &page)
     })
     .await
 }
 
 /// Reads the trace, builds its page off the async workers (large traces take real CPU)
-/// and hands it to `respond`; a trace with no spans is the friendly 404.
+/// and hands it to `respond`; a trace with no spans is the friendly 404. A trace too large
+/// to read whole is listed a page at a time when `large` holds the page's parameters.
 async fn render(
     state: &AppState,
     trace_id: &str,
     view: View,
+    large: Option<&BTreeMap<String, String>>,
     respond: impl FnOnce(TracePage) -> Response + Send + 'static,
 ) -> Result<Response, PageError> {
     let id = parse_trace_id(trace_id.trim())?;
-    let read = whole_traces(state, &[id])
-        .await
-        .map_err(|e| e.page(&format!("Trace {id}"), &too_large_instead(id)))?;
+    let read = match (whole_traces(state, &[id]).await, large) {
+        (Ok(read), _) => read,
+        // The page itself lists a trace too large to read whole a page at a time; the
+        // rows of an expanded span need the whole trace.
+        (Err(ReadError::Refused(size, ReadRefused::TooLarge { .. })), Some(params)) => {
+            return large_trace::render(state, id, size, params).await;
+        }
+        (Err(error), _) => return Err(error.page(&format!("Trace {id}"), &too_large_instead(id))),
+    };
     if read.spans.is_empty() {
         return Err(PageError::not_found(
             "Trace not found",
@@ -175,7 +186,7 @@ pub async fn rows(
             "Give the span whose children to show: ?parent=<16 hex digits>.",
         ));
     }
-    render(&state, &trace_id, view, |page| {
+    render(&state, &trace_id, view, None, |page| {
         html(StatusCode::OK, &RowsFragment { rows: page.rows })
     })
     .await
@@ -644,7 +655,7 @@ fn display_value(value: &AttrValue) -> String {
     }
 }
 
-fn pairs(attributes: &Attributes) -> Vec<(String, String)> {
+pub(super) fn pairs(attributes: &Attributes) -> Vec<(String, String)> {
     attributes
         .iter()
         .map(|(k, v)| (k.clone(), display_value(v)))
