@@ -1242,6 +1242,12 @@ async fn postgres_without_a_connection_names_the_reason() {
         error.contains("all 8 of this server's connections were in use"),
         "{error}"
     );
+    // `/readyz`'s ping says the same.
+    let error = store.ping().await.unwrap_err().to_string();
+    assert!(
+        error.contains("all 8 of this server's connections were in use"),
+        "{error}"
+    );
 
     // Postgres refuses more connections for the role: its words are in the error.
     db.execute(&format!("ALTER ROLE {role} CONNECTION LIMIT 0"))

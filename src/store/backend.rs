@@ -56,6 +56,11 @@ pub trait Backend: Send + Sync + 'static {
     /// A connection for one write transaction.
     async fn writer(&self) -> Result<Self::Writer<'_>, StoreError>;
 
+    /// Why the pool gave no connection in time, in words that say what to check.
+    async fn no_connection(&self) -> String {
+        "no database connection came free in time; the database is slow or busy".into()
+    }
+
     /// Stores a batch of encoded spans, their operations and their traces' marks in one
     /// transaction (the ingest writer's statement, the one each backend does its own way).
     async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError>;

@@ -156,13 +156,13 @@ impl PostgresBackend {
         match self.pool.acquire().await {
             Ok(conn) => Ok(conn),
             Err(sqlx::Error::PoolTimedOut) => {
-                Err(StoreError::Unavailable(self.no_connection().await))
+                Err(StoreError::Unavailable(self.why_no_connection().await))
             }
             Err(error) => Err(error.into()),
         }
     }
 
-    async fn no_connection(&self) -> String {
+    async fn why_no_connection(&self) -> String {
         let waited = ACQUIRE_TIMEOUT.as_secs();
         let options = self.pool.connect_options();
         let attempt = tokio::time::timeout(
@@ -365,6 +365,10 @@ impl Backend for PostgresBackend {
 
     async fn writer(&self) -> Result<PoolWriter, StoreError> {
         Ok(PoolWriter(self.connection().await?))
+    }
+
+    async fn no_connection(&self) -> String {
+        self.why_no_connection().await
     }
 
     async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {

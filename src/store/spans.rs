@@ -286,11 +286,19 @@ where
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let _: (i64,) = QueryBuilder::<B::Db>::new("SELECT CAST(1 AS BIGINT)")
-            .build_query_as()
-            .fetch_one(self.backend.reader())
-            .await?;
-        Ok(())
+        let answer: Result<(i64,), sqlx::Error> =
+            QueryBuilder::<B::Db>::new("SELECT CAST(1 AS BIGINT)")
+                .build_query_as()
+                .fetch_one(self.backend.reader())
+                .await;
+        match answer {
+            Ok(_) => Ok(()),
+            // `/readyz` says why, as writes do.
+            Err(sqlx::Error::PoolTimedOut) => {
+                Err(StoreError::Unavailable(self.backend.no_connection().await))
+            }
+            Err(error) => Err(error.into()),
+        }
     }
 
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
