@@ -285,7 +285,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
             Service
             any service edge inventory
             Outcome
-            any outcome exceeded within budget no budget
+            any outcome exceeded within budget no budget too large to analyse
             Flag
             any flag inflated dropped overspent inherited exceed local exceed doomed refused retry unsafe retry wasted missing parent
             Min duration (ms)

@@ -217,3 +217,77 @@ async fn large_trace_pages(state: &AppState, id: TraceId, backend: &str) {
     assert_eq!(status, 400, "{backend}: {bad}");
     assert!(bad.contains("not a position in this trace"), "{backend}");
 }
+
+/// The analyzer with `pool` bytes of working memory: a pass holds at most 4 MiB at the
+/// smallest (`MIN_PASS`), so a trace of more than about 0.8 MB of rows is too large.
+async fn analyse_within(store: &dyn store::Store, pool: u64) {
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+    let memory = MemoryBudget::with_pool(pool);
+    let options = AnalyzerOptions {
+        quiet_period: std::time::Duration::ZERO,
+        max_trace_wait: std::time::Duration::from_secs(300),
+        analyze: Default::default(),
+        metrics: Default::default(),
+        held: budgetscope::pipeline::held::HeldTraces::new(&memory),
+        memory,
+    };
+    while analysis_pass(store, &options).await.unwrap().more {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_too_large_to_analyse_is_listed_too_large_and_its_hops_are_not_counted() {
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let store = store::open(&db.url).await.unwrap();
+        let large = flat_trace(1, 5_000);
+        let small = flat_trace(2, 20);
+        // While small, the large trace is analysed and counted like any other.
+        store.write_spans(&large[..100]).await.unwrap();
+        store.write_spans(&small).await.unwrap();
+        analyse_within(store.as_ref(), 16 * MIB).await;
+        let state = AppState::new(store.clone(), AnalyzeOptions::default());
+        let requests = |state: AppState| async move {
+            let (status, _, body) = oneshot(&state, "/api/hops?service=feed").await;
+            assert_eq!(status, 200, "{body}");
+            let hops: serde_json::Value = serde_json::from_str(&body).unwrap();
+            hops["hops"][0]["requests"].as_u64().unwrap()
+        };
+        assert_eq!(requests(state.clone()).await, 2, "{backend}");
+
+        // Grown past what a pass may hold: outlined, and its earlier counts removed.
+        store.write_spans(&large[100..]).await.unwrap();
+        analyse_within(store.as_ref(), 16 * MIB).await;
+        assert_eq!(
+            requests(state.clone()).await,
+            1,
+            "{backend}: only the small trace"
+        );
+        let (status, _, body) = oneshot(&state, "/api/traces?outcome=too_large").await;
+        assert_eq!(status, 200, "{body}");
+        let found: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let traces = found["traces"].as_array().unwrap();
+        assert_eq!(traces.len(), 1, "{backend}: {body}");
+        let summary = &traces[0];
+        assert_eq!(summary["trace_id"], TraceId([1; 16]).to_hex(), "{backend}");
+        assert_eq!(summary["span_count"], 5_000, "{backend}");
+        assert_eq!(summary["root_service"], "feed", "{backend}");
+        assert_eq!(summary["root_name"], "GET /items", "{backend}");
+        assert_eq!(summary["answer_ms"], serde_json::Value::Null, "{backend}");
+        assert_eq!(summary["flag_counts"], serde_json::json!({}), "{backend}");
+        // Search by its operation still finds it, and the list says why it has no verdict.
+        let (status, _, page) =
+            oneshot(&state, "/traces?service=feed&operation=GET%20%2Fitems").await;
+        assert_eq!(status, 200);
+        assert!(page.contains("too large to analyse"), "{backend}");
+
+        // With the default memory it fits a pass again and is analysed whole.
+        store
+            .write_spans(&flat_trace(1, 5_001)[5_000..])
+            .await
+            .unwrap();
+        analyse_within(store.as_ref(), 384 * MIB).await;
+        assert_eq!(requests(state.clone()).await, 2, "{backend}");
+        let (_, _, body) = oneshot(&state, "/api/traces?outcome=no_budget").await;
+        assert!(body.contains(&TraceId([1; 16]).to_hex()), "{backend}");
+    }
+}

@@ -161,24 +161,132 @@ async fn traces_within_reads_whole_traces_in_id_order_up_to_the_byte_limit() {
             traces
         };
 
-        let (all, bytes) = store.traces_within(&ids, u64::MAX).await.unwrap();
-        assert_eq!(traces_of(&all), [1, 2, 3], "{backend}: id order");
-        assert_eq!(all.len(), 9, "{backend}");
-        let per_trace = bytes / 3;
-        assert!(per_trace > 100, "{backend}: {bytes} bytes counted");
+        let all = store.traces_within(&ids, u64::MAX, u64::MAX).await.unwrap();
+        assert_eq!(traces_of(&all.spans), [1, 2, 3], "{backend}: id order");
+        assert_eq!(all.spans.len(), 9, "{backend}");
+        assert_eq!(all.stopped_after, None, "{backend}");
+        assert!(all.too_large.is_empty(), "{backend}");
+        let per_trace = all.bytes / 3;
+        assert!(per_trace > 100, "{backend}: {} bytes counted", all.bytes);
 
-        let (one, one_bytes) = store.traces_within(&ids, 1).await.unwrap();
-        assert_eq!(traces_of(&one), [1], "{backend}: at least one whole trace");
-        assert_eq!(one.len(), 3, "{backend}");
-        assert_eq!(one_bytes, per_trace, "{backend}");
-
-        let (two, _) = store.traces_within(&ids, per_trace + 1).await.unwrap();
+        let one = store.traces_within(&ids, 1, u64::MAX).await.unwrap();
         assert_eq!(
-            traces_of(&two),
-            [1, 2],
-            "{backend}: stops at the first trace boundary past the limit"
+            traces_of(&one.spans),
+            [1],
+            "{backend}: at least one whole trace"
         );
-        assert_eq!(two.len(), 6, "{backend}");
+        assert_eq!(one.spans.len(), 3, "{backend}");
+        assert_eq!(one.bytes, per_trace, "{backend}");
+        assert_eq!(one.stopped_after, Some(TraceId([1; 16])), "{backend}");
+
+        let two = store
+            .traces_within(&ids, 2 * per_trace + 1, u64::MAX)
+            .await
+            .unwrap();
+        assert_eq!(
+            traces_of(&two.spans),
+            [1, 2],
+            "{backend}: stops before the trace that would pass the limit"
+        );
+        assert_eq!(two.spans.len(), 6, "{backend}");
+        assert_eq!(
+            two.bytes,
+            2 * per_trace,
+            "{backend}: nothing of trace 3 held"
+        );
+        assert_eq!(two.stopped_after, Some(TraceId([2; 16])), "{backend}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_trace_past_the_per_trace_limit_is_listed_too_large_and_outlined() {
+    on_every_store(|store, backend| async move {
+        let mut spans = Vec::new();
+        for trace in [1u8, 3] {
+            spans.push(span(trace, 1, None, "svc", "op", 1_000));
+        }
+        // Trace 2: a root, a client call and 40 server spans of two services.
+        spans.push(span(2, 1, None, "gateway", "GET /batch", 5_000));
+        let mut call = span(2, 2, Some(1), "gateway", "call worker", 6_000);
+        call.kind = SpanKind::Client;
+        spans.push(call);
+        for id in 3..43u8 {
+            let service = if id % 2 == 0 { "worker" } else { "store" };
+            spans.push(span(
+                2,
+                id,
+                Some(2),
+                service,
+                "POST /item",
+                7_000 + u64::from(id),
+            ));
+        }
+        store.write_spans(&spans).await.unwrap();
+        let ids = [TraceId([1; 16]), TraceId([2; 16]), TraceId([3; 16])];
+        let whole = store.traces_within(&ids, u64::MAX, u64::MAX).await.unwrap();
+        let small = whole
+            .spans
+            .iter()
+            .filter(|s| s.trace_id == TraceId([1; 16]))
+            .count();
+        assert_eq!(small, 1, "{backend}");
+        let per_small = store.trace_size(&[TraceId([1; 16])]).await.unwrap().bytes;
+
+        // After another trace, the large one would pass the limit: reading stops before it.
+        let limit = 5 * per_small;
+        let read = store.traces_within(&ids, limit, limit).await.unwrap();
+        assert_eq!(read.stopped_after, Some(TraceId([1; 16])), "{backend}");
+        assert!(read.too_large.is_empty(), "{backend}");
+        assert_eq!(read.bytes, per_small, "{backend}: none of its rows kept");
+        // Read first, it passes the per-trace limit: listed, its rows dropped, the next read.
+        let read = store.traces_within(&ids[1..], limit, limit).await.unwrap();
+        assert_eq!(read.too_large, [TraceId([2; 16])], "{backend}");
+        let read_ids: Vec<u8> = read.spans.iter().map(|s| s.trace_id.0[0]).collect();
+        assert_eq!(read_ids, [3], "{backend}: the trace after it is read");
+        assert_eq!(read.bytes, per_small, "{backend}");
+        assert_eq!(read.stopped_after, None, "{backend}");
+
+        let outline = store
+            .trace_outline(TraceId([2; 16]))
+            .await
+            .unwrap()
+            .expect("outlined");
+        assert_eq!(outline.span_count, 42, "{backend}");
+        assert_eq!(
+            (outline.root_service.as_str(), outline.root_name.as_str()),
+            ("gateway", "GET /batch"),
+            "{backend}"
+        );
+        assert_eq!(
+            outline.services,
+            ["gateway", "store", "worker"],
+            "{backend}"
+        );
+        assert_eq!(
+            outline.operations,
+            [
+                ("gateway".to_string(), "GET /batch".to_string()),
+                ("store".to_string(), "POST /item".to_string()),
+                ("worker".to_string(), "POST /item".to_string()),
+            ],
+            "{backend}: server spans, not the client call"
+        );
+        assert_eq!(
+            outline.start_unix_nano, spans[2].start_unix_nano,
+            "{backend}"
+        );
+        let end = spans
+            .iter()
+            .filter(|s| s.trace_id == TraceId([2; 16]))
+            .map(|s| s.end_unix_nano)
+            .max();
+        assert_eq!(Some(outline.end_unix_nano), end, "{backend}");
+        assert_eq!(
+            store.trace_outline(TraceId([9; 16])).await.unwrap(),
+            None,
+            "{backend}: unknown trace"
+        );
     })
     .await;
 }

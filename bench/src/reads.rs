@@ -2,7 +2,9 @@
 //! the root) from a real server under `--memory-limit`, with the server's peak anonymous
 //! memory (RssAnon, sampled every 10 ms) per endpoint. The trace is exported over
 //! OTLP/HTTP first; the analyzer is kept idle (`--quiet-period 1h`) so only the reads
-//! count. Run it against another build with `--server PATH` for a baseline.
+//! count; then the server restarts with a short quiet period and the analyzer's peak is
+//! measured until the trace is summarised. Run it against another build with
+//! `--server PATH` for a baseline.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -116,6 +118,44 @@ pub async fn reads(bench: ReadsBench) -> anyhow::Result<()> {
         // Let freed memory go back before the next endpoint.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    server.stop().await?;
+
+    // The analyzer on the same trace: the server restarted with a short quiet period,
+    // until the trace is summarised.
+    let args = [
+        "--memory-limit".to_string(),
+        bench.memory_limit.clone(),
+        "--quiet-period".into(),
+        "1s".into(),
+    ];
+    let server = ChildServer::start(&exe, &db, &args).await?;
+    let started = Instant::now();
+    let mut peak = server.anon_rss_bytes()?;
+    let mut last_poll = Instant::now() - Duration::from_secs(1);
+    let outcome = loop {
+        peak = peak.max(server.anon_rss_bytes().unwrap_or(0));
+        if last_poll.elapsed() >= Duration::from_millis(500) {
+            last_poll = Instant::now();
+            let url = format!("http://{}/api/traces?limit=1", server.http_addr);
+            let found: serde_json::Value =
+                serde_json::from_slice(&client.get(&url).send().await?.bytes().await?)?;
+            if let Some(outcome) = found["traces"][0]["outcome"].as_str() {
+                break outcome.to_string();
+            }
+            anyhow::ensure!(
+                started.elapsed() < Duration::from_secs(600),
+                "the trace was not summarised within 10 minutes"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!();
+    println!(
+        "analyzer: the trace summarised as `{outcome}` {:.1} s after start-up, peak anonymous \
+         memory {:.0} MiB",
+        started.elapsed().as_secs_f64(),
+        mib(peak)
+    );
     server.stop().await
 }
 

@@ -26,14 +26,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::core::analyze::hops::{HopSample, samples};
 use crate::core::analyze::summary::{TraceSummary, summarize};
-use crate::core::analyze::{AnalyzeOptions, analyze};
+use crate::core::analyze::{AnalyzeOptions, Outcome, analyze};
 use crate::core::model::{Span, TraceId};
 use crate::pipeline::held::{HeldSpan, HeldTraces};
 use crate::pipeline::ingest::Ingestor;
-use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE};
+use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE, Reservation};
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
-use crate::store::query::DueQuery;
+use crate::store::query::{DueQuery, TraceOutline, TracesWithin};
 use crate::store::{Store, StoreError};
 
 /// Traces analysed per pass (one transaction of summaries), at most: fewer when their
@@ -175,6 +175,75 @@ pub(crate) async fn analyse_traces(
     .map_err(|e| StoreError::Unavailable(format!("analysis task failed: {e}")))
 }
 
+/// The most row text of one trace the analyzer reads: what the largest pass holds. A
+/// larger trace is not analysed (`Outcome::TooLarge`), so a pass stays within its share of
+/// `--memory-limit` however large a trace grows.
+pub(crate) fn max_trace_bytes(memory: &MemoryBudget) -> u64 {
+    memory.max_pass() / PASS_BYTES_PER_ROW_BYTE
+}
+
+/// Reads whole traces among `ids` within `memory` (`TraceReader::traces_within`).
+pub(crate) async fn read_within(
+    store: &dyn Store,
+    ids: &[TraceId],
+    memory: &Reservation,
+    budget: &MemoryBudget,
+) -> Result<TracesWithin, StoreError> {
+    store
+        .traces_within(
+            ids,
+            memory.bytes() / PASS_BYTES_PER_ROW_BYTE,
+            max_trace_bytes(budget),
+        )
+        .await
+}
+
+/// Summaries of traces too large to analyse, from what the database says of them: no
+/// hops are counted, and search lists them as `outcome:too_large`.
+pub(crate) async fn outline_summaries(
+    store: &dyn Store,
+    too_large: &[TraceId],
+    options: &AnalyzeOptions,
+) -> Result<Vec<(TraceSummary, Vec<HopSample>)>, StoreError> {
+    let mut summaries = Vec::with_capacity(too_large.len());
+    for &trace_id in too_large {
+        let Some(outline) = store.trace_outline(trace_id).await? else {
+            continue;
+        };
+        tracing::info!(
+            trace_id = %trace_id,
+            spans = outline.span_count,
+            "a trace is too large to analyse within --memory-limit; it is listed as too_large"
+        );
+        summaries.push((outline_summary(outline, options), Vec::new()));
+    }
+    Ok(summaries)
+}
+
+fn outline_summary(outline: TraceOutline, options: &AnalyzeOptions) -> TraceSummary {
+    let mut operations = outline.operations;
+    operations.push((outline.root_service.clone(), outline.root_name.clone()));
+    operations.sort();
+    operations.dedup();
+    TraceSummary {
+        trace_id: outline.trace_id,
+        root_service: outline.root_service,
+        root_name: outline.root_name,
+        start_unix_nano: outline.start_unix_nano,
+        duration_ms: (outline.end_unix_nano - outline.start_unix_nano) as f64 / 1e6,
+        answer_ms: None,
+        budget_ms: outline.root_budget_ms,
+        outcome: Outcome::TooLarge,
+        origins: Vec::new(),
+        burner: None,
+        flag_counts: Default::default(),
+        span_count: outline.span_count as usize,
+        services: outline.services,
+        operations,
+        version: options.version(),
+    }
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -219,6 +288,9 @@ pub async fn analysis_pass(
         let stored = store.span_counts(&candidates).await?;
         held.retain(|id, spans| stored.get(id) == Some(&(spans.len() as u64)));
     }
+    // A trace past what one pass may read is not analysed from memory either.
+    let max_trace_bytes = max_trace_bytes(&options.memory);
+    held.retain(|_, spans| spans.iter().map(HeldSpan::bytes).sum::<u64>() <= max_trace_bytes);
     let from_memory = held.len() as u64;
     let counted = started.elapsed();
     let unheld: Vec<TraceId> = ids
@@ -227,25 +299,24 @@ pub async fn analysis_pass(
         .copied()
         .collect();
     let mut memory = options.memory.reserve_pass();
-    let max_bytes = memory.bytes() / PASS_BYTES_PER_ROW_BYTE;
-    let (spans, bytes, stopped) = if unheld.is_empty() {
-        (Vec::new(), 0, false)
+    let read = if unheld.is_empty() {
+        TracesWithin::default()
     } else {
-        let (spans, bytes) = store.traces_within(&unheld, max_bytes).await?;
-        (spans, bytes, bytes >= max_bytes)
+        read_within(store, &unheld, &memory, &options.memory).await?
     };
     let held_bytes: u64 = held.values().flatten().map(HeldSpan::bytes).sum();
-    memory.set((bytes + held_bytes) * PASS_BYTES_PER_ROW_BYTE);
+    memory.set((read.bytes + held_bytes) * PASS_BYTES_PER_ROW_BYTE);
     // Traces are read in id order: when the reading stopped at the limit, traces after
     // the last one read wait for the next pass; the ones up to it without spans were
     // deleted by retention since they were marked (no summary; their marks are cleared).
-    let last_read = spans.iter().map(|s| s.trace_id).max();
-    if stopped && let Some(last) = last_read {
+    if let Some(last) = read.stopped_after {
         ids.retain(|id| *id <= last || held.contains_key(id));
         marks.retain(|(id, _)| *id <= last || held.contains_key(id));
     }
-    let read = started.elapsed();
-    let summaries = analyse_traces(held, spans, &options.analyze).await?;
+    let read_at = started.elapsed();
+    let mut summaries = outline_summaries(store, &read.too_large, &options.analyze).await?;
+    let too_large = summaries.len() as u64;
+    summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
     let deltas = store.write_summaries(&summaries, &marks).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -254,8 +325,8 @@ pub async fn analysis_pass(
         from_memory,
         select_ms = ms(selected),
         count_ms = ms(counted - selected),
-        read_ms = ms(read - counted),
-        analyse_ms = ms(analysed - read),
+        read_ms = ms(read_at - counted),
+        analyse_ms = ms(analysed - read_at),
         write_ms = ms(started.elapsed() - analysed),
         "analysis pass"
     );
@@ -269,8 +340,9 @@ pub async fn analysis_pass(
         .metrics
         .traces_analysed_from_memory
         .inc_by(from_memory);
+    options.metrics.traces_too_large.inc_by(too_large);
     Ok(Pass {
         analysed: ids.len(),
-        more: full_page || stopped,
+        more: full_page || read.stopped_after.is_some(),
     })
 }

@@ -97,10 +97,15 @@ impl MemoryBudget {
             .is_ok()
     }
 
+    /// The most a pass of the analyzer is given: a quarter of the pool, at least `MIN_PASS`.
+    pub fn max_pass(&self) -> u64 {
+        (self.pool / PASS_SHARE_DIVISOR).max(MIN_PASS)
+    }
+
     /// The analyzer's reservation for one pass: what is free, at most a quarter of the
     /// pool, at least `MIN_PASS` (taken even when ingest holds everything).
     pub fn reserve_pass(self: &Arc<Self>) -> Reservation {
-        let share = (self.pool / PASS_SHARE_DIVISOR).max(MIN_PASS);
+        let share = self.max_pass();
         let mut taken = 0;
         let _ = self
             .used

@@ -90,6 +90,8 @@ pub struct Metrics {
     pub traces_analysed: Counter,
     /// Of `traces_analysed`, those whose spans were all held in memory (not read back).
     pub traces_analysed_from_memory: Counter,
+    /// Of `traces_analysed`, those too large to analyse (`Outcome::TooLarge`).
+    pub traces_too_large: Counter,
     pub alert_evaluations: Counter,
     /// Seconds from a request's spans entering the ingest queue to their commit.
     pub commit_seconds: Histogram,
@@ -115,6 +117,7 @@ impl Default for Metrics {
             metric_points_rejected: Counter::default(),
             traces_analysed: Counter::default(),
             traces_analysed_from_memory: Counter::default(),
+            traces_too_large: Counter::default(),
             alert_evaluations: Counter::default(),
             commit_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
@@ -281,6 +284,11 @@ impl Metrics {
             "traces_analysed_from_memory",
             "Trace analyses whose spans were all still held in memory, so not read back from the store",
             self.traces_analysed_from_memory.clone(),
+        );
+        registry.register(
+            "traces_too_large",
+            "Traces summarised without analysis: larger than one pass of the analyzer may hold under --memory-limit",
+            self.traces_too_large.clone(),
         );
         registry.register(
             "alert_evaluations",

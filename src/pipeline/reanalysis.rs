@@ -19,7 +19,9 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::core::analyze::AnalysisVersion;
-use crate::pipeline::analyzer::{AnalyzerOptions, Pass, analyse_traces};
+use crate::pipeline::analyzer::{
+    AnalyzerOptions, Pass, analyse_traces, outline_summaries, read_within,
+};
 use crate::pipeline::memory::PASS_BYTES_PER_ROW_BYTE;
 use crate::store::query::{Cursor, StaleQuery};
 use crate::store::{Store, StoreError};
@@ -144,23 +146,20 @@ pub async fn reanalysis_pass(
     let mut ids: Vec<_> = positions.iter().map(|p| p.trace_id).collect();
     ids.sort_unstable();
     let mut memory = options.memory.reserve_pass();
-    let max_bytes = memory.bytes() / PASS_BYTES_PER_ROW_BYTE;
-    let (spans, bytes) = store.traces_within(&ids, max_bytes).await?;
-    memory.set(bytes * PASS_BYTES_PER_ROW_BYTE);
+    let within = read_within(store, &ids, &memory, &options.memory).await?;
+    memory.set(within.bytes * PASS_BYTES_PER_ROW_BYTE);
     // Traces are read in id order: when the reading stopped at the limit, those after the
     // last one read wait for the next pass. The position advances over the newest-first
     // run of traces that were read; traces without spans (retention) are passed over.
-    let read_up_to = match spans.iter().map(|s| s.trace_id).max() {
-        Some(last) if bytes >= max_bytes => last,
-        _ => ids[ids.len() - 1],
-    };
+    let read_up_to = within.stopped_after.unwrap_or(ids[ids.len() - 1]);
     let read = ids.iter().filter(|id| **id <= read_up_to).count();
     let visited = positions
         .iter()
         .take_while(|p| p.trace_id <= read_up_to)
         .last()
         .copied();
-    let summaries = analyse_traces(HashMap::new(), spans, &options.analyze).await?;
+    let mut summaries = outline_summaries(store, &within.too_large, &options.analyze).await?;
+    summaries.extend(analyse_traces(HashMap::new(), within.spans, &options.analyze).await?);
     let deltas = store.rewrite_summaries(&summaries, version).await?;
     drop(memory);
     options.metrics.record_rollups(&deltas);

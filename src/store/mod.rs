@@ -62,7 +62,8 @@ pub use backend::{Backend, SqlStore};
 pub use error::{Fault, StoreError};
 use query::{
     Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
-    SpanListCounts, SpanListQuery, SpanPosition, StaleQuery, TraceQuery, TraceSize,
+    SpanListCounts, SpanListQuery, SpanPosition, StaleQuery, TraceOutline, TraceQuery, TraceSize,
+    TracesWithin,
 };
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
@@ -95,14 +96,19 @@ pub trait TraceReader: Send + Sync {
     /// All spans of several traces, in no particular order.
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError>;
 
-    /// Spans of whole traces among `trace_ids`, read in trace-id order until the text of
-    /// their rows passes `max_bytes` (always at least one trace), and the bytes read: the
-    /// background analyzer's pass, bounded by its share of the memory budget.
+    /// Spans of whole traces among `trace_ids`, read in trace-id order while the text of
+    /// their rows stays within `max_bytes` (the first trace read may take up to
+    /// `max_trace_bytes`); a trace past `max_trace_bytes` on its own is listed as too large
+    /// instead: the analyzer's pass, bounded by its share of the memory budget.
     async fn traces_within(
         &self,
         trace_ids: &[TraceId],
         max_bytes: u64,
-    ) -> Result<(Vec<Span>, u64), StoreError>;
+        max_trace_bytes: u64,
+    ) -> Result<TracesWithin, StoreError>;
+
+    /// A trace described without reading its spans (`TraceOutline`); None when it has none.
+    async fn trace_outline(&self, trace_id: TraceId) -> Result<Option<TraceOutline>, StoreError>;
 
     /// The size of `trace_ids` together, counted without holding their rows: what a read of
     /// them reserves in the memory budget first.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::analyze::{AnalysisVersion, Flag, Outcome};
-use crate::core::model::{SpanId, TraceId};
+use crate::core::model::{Span, SpanId, TraceId};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
@@ -145,6 +145,42 @@ pub struct TraceSize {
     pub spans: u64,
     pub bytes: u64,
 }
+
+/// What `TraceReader::traces_within` read: whole traces in id order within its limits.
+#[derive(Debug, Default)]
+pub struct TracesWithin {
+    pub spans: Vec<Span>,
+    /// The text of the rows in `spans` (`TraceSize::bytes`).
+    pub bytes: u64,
+    /// Traces whose rows alone pass the per-trace limit: not read (none of their spans
+    /// are in `spans`).
+    pub too_large: Vec<TraceId>,
+    /// When reading stopped at the limit: the last trace read or found too large; the
+    /// traces after it wait for another read.
+    pub stopped_after: Option<TraceId>,
+}
+
+/// A trace described by the database without reading its spans: the summary of a trace
+/// too large to analyse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceOutline {
+    pub trace_id: TraceId,
+    pub span_count: u64,
+    pub start_unix_nano: u64,
+    pub end_unix_nano: u64,
+    /// The service, name and budget of the first span without a parent (else the first span).
+    pub root_service: String,
+    pub root_name: String,
+    pub root_budget_ms: Option<f64>,
+    /// Its services, and the (service, name) of its server and consumer spans, sorted, at
+    /// most `OUTLINE_NAMES` of each.
+    pub services: Vec<String>,
+    pub operations: Vec<(String, String)>,
+}
+
+/// The most services and operations an outline lists: a bound on what a trace with a
+/// new name per span makes the analyzer hold.
+pub const OUTLINE_NAMES: u32 = 1_000;
 
 /// A span's place in a trace's start order (then span id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

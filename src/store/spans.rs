@@ -12,12 +12,13 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::backend::{Backend, SqlStore, Writer as _};
 use super::query::{
-    Cursor, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary, TraceQuery, TraceSize,
-    finish_search, start_search,
+    Cursor, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,
+    TraceOutline, TraceQuery, TraceSize, TracesWithin, finish_search, start_search,
 };
 use super::rollup::decode_hops;
 use super::summaries::{delete_summaries_before, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
+use crate::core::analyze::Role;
 use crate::core::analyze::hops::HopSample;
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::attr_json;
@@ -53,6 +54,9 @@ where
     for<'r> (String, i16): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64, i64, i64, Option<i64>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Option<i64>, Option<i64>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, String, Option<f64>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, String): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
 {
@@ -75,10 +79,11 @@ where
         &self,
         trace_ids: &[TraceId],
         max_bytes: u64,
-    ) -> Result<(Vec<Span>, u64), StoreError> {
+        max_trace_bytes: u64,
+    ) -> Result<TracesWithin, StoreError> {
         let mut ids = trace_ids.to_vec();
         ids.sort_unstable();
-        let mut within = Within::new(max_bytes);
+        let mut within = Within::new(max_bytes, max_trace_bytes);
         'chunks: for chunk in ids.chunks(IDS_PER_STATEMENT) {
             let mut q = spans_of::<B::Db>(chunk, " ORDER BY trace_id");
             let mut rows = q.build_query_as::<StoredRow>().fetch(self.backend.reader());
@@ -89,6 +94,57 @@ where
             }
         }
         Ok(within.finish())
+    }
+
+    async fn trace_outline(&self, trace_id: TraceId) -> Result<Option<TraceOutline>, StoreError> {
+        let id = || trace_id.0.to_vec();
+        let mut q = QueryBuilder::<B::Db>::new(
+            "SELECT count(*), min(start_unix_nano), max(end_unix_nano) FROM spans WHERE trace_id = ",
+        );
+        q.push_bind(id());
+        let (spans, start, end): (i64, Option<i64>, Option<i64>) =
+            q.build_query_as().fetch_one(self.backend.reader()).await?;
+        let (Some(start), Some(end)) = (start, end) else {
+            return Ok(None);
+        };
+        let mut q = QueryBuilder::<B::Db>::new(
+            "SELECT service, name, budget_ms FROM spans WHERE trace_id = ",
+        );
+        q.push_bind(id()).push(
+            " ORDER BY CASE WHEN parent_span_id IS NULL THEN 0 ELSE 1 END, start_unix_nano, \
+             span_id LIMIT 1",
+        );
+        let (root_service, root_name, root_budget_ms): (String, String, Option<f64>) =
+            q.build_query_as().fetch_one(self.backend.reader()).await?;
+        let mut q =
+            QueryBuilder::<B::Db>::new("SELECT DISTINCT service FROM spans WHERE trace_id = ");
+        q.push_bind(id())
+            .push(" ORDER BY service LIMIT ")
+            .push_bind(i64::from(OUTLINE_NAMES));
+        let services: Vec<(String,)> = q.build_query_as().fetch_all(self.backend.reader()).await?;
+        let mut q = QueryBuilder::<B::Db>::new(
+            "SELECT DISTINCT service, name FROM spans WHERE trace_id = ",
+        );
+        q.push_bind(id()).push(" AND kind IN ");
+        push_list(
+            &mut q,
+            Role::HOP_KINDS.iter().map(|k| i64::from(k.as_i32())),
+        );
+        q.push(" ORDER BY service, name LIMIT ")
+            .push_bind(i64::from(OUTLINE_NAMES));
+        let operations: Vec<(String, String)> =
+            q.build_query_as().fetch_all(self.backend.reader()).await?;
+        Ok(Some(TraceOutline {
+            trace_id,
+            span_count: spans.max(0) as u64,
+            start_unix_nano: start.max(0) as u64,
+            end_unix_nano: end.max(start).max(0) as u64,
+            root_service,
+            root_name,
+            root_budget_ms,
+            services: services.into_iter().map(|(s,)| s).collect(),
+            operations,
+        }))
     }
 
     async fn trace_size(&self, trace_ids: &[TraceId]) -> Result<TraceSize, StoreError> {
@@ -623,42 +679,77 @@ impl StoredRow {
     }
 }
 
-/// `Store::traces_within`'s rule, for rows in trace-id order: whole traces, until the rows'
-/// text passes the limit.
-pub(crate) struct Within {
-    spans: Vec<Span>,
-    bytes: u64,
+/// `TraceReader::traces_within`'s rule, for rows in trace-id order: whole traces while
+/// their rows' text stays within `max_bytes`, the first up to `max_trace_bytes`; a trace
+/// past that is dropped as soon as it passes it, so what is held never exceeds the larger
+/// of the two limits.
+struct Within {
+    read: TracesWithin,
     max_bytes: u64,
+    max_trace_bytes: u64,
+    /// The trace being read: its id, where its spans start in `read.spans`, their bytes.
+    current: Option<(Vec<u8>, usize, u64)>,
+    /// Whether the current trace was found too large (its further rows are passed over).
+    skipping: bool,
+    /// The last trace read whole or found too large.
+    last_done: Option<Vec<u8>>,
 }
 
 impl Within {
-    pub fn new(max_bytes: u64) -> Within {
+    fn new(max_bytes: u64, max_trace_bytes: u64) -> Within {
         Within {
-            spans: Vec::new(),
-            bytes: 0,
+            read: TracesWithin::default(),
             max_bytes,
+            max_trace_bytes: max_trace_bytes.max(max_bytes),
+            current: None,
+            skipping: false,
+            last_done: None,
         }
     }
 
-    /// Takes the next row; false, without taking it, when the limit is spent and the row
-    /// starts another trace (stop reading).
-    pub fn push(&mut self, row: StoredRow) -> Result<bool, StoreError> {
-        if self.bytes >= self.max_bytes
-            && self
-                .spans
-                .last()
-                .is_some_and(|last| last.trace_id.0[..] != row.trace_id[..])
-        {
+    /// Takes the next row; false when reading stops: a trace after the first one would
+    /// pass `max_bytes` (what was read of it is dropped; it waits for another read).
+    fn push(&mut self, row: StoredRow) -> Result<bool, StoreError> {
+        let same = matches!(&self.current, Some((id, _, _)) if *id == row.trace_id);
+        if !same {
+            self.last_done = self.current.take().map(|(id, _, _)| id);
+            self.skipping = false;
+            self.current = Some((row.trace_id.clone(), self.read.spans.len(), 0));
+        }
+        if self.skipping {
+            return Ok(true);
+        }
+        let Some((id, first, bytes)) = &mut self.current else {
+            unreachable!("set above")
+        };
+        let row_bytes = row.text_bytes();
+        if *first > 0 && self.read.bytes + row_bytes > self.max_bytes {
+            self.read.spans.truncate(*first);
+            self.read.bytes -= *bytes;
+            self.read.stopped_after = self.last_done.as_deref().map(decode_trace_id).transpose()?;
             return Ok(false);
         }
-        self.bytes += row.text_bytes();
-        self.spans.push(row.decode()?);
+        if *bytes + row_bytes > self.max_trace_bytes {
+            self.read.spans.truncate(*first);
+            self.read.bytes -= *bytes;
+            *bytes = 0;
+            self.read.too_large.push(decode_trace_id(id)?);
+            self.skipping = true;
+            return Ok(true);
+        }
+        *bytes += row_bytes;
+        self.read.bytes += row_bytes;
+        self.read.spans.push(row.decode()?);
         Ok(true)
     }
 
-    pub fn finish(self) -> (Vec<Span>, u64) {
-        (self.spans, self.bytes)
+    fn finish(self) -> TracesWithin {
+        self.read
     }
+}
+
+fn decode_trace_id(bytes: &[u8]) -> Result<TraceId, StoreError> {
+    TraceId::from_bytes(bytes).map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))
 }
 
 pub(crate) fn decode_rows(rows: Vec<StoredRow>) -> Result<Vec<Span>, StoreError> {

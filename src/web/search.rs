@@ -116,7 +116,9 @@ pub fn parse_query(params: &[(String, String)], now: u64) -> Result<TraceQuery, 
                 query.outcome = Some(Outcome::from_name(value).ok_or_else(|| {
                     bad(
                         "outcome",
-                        format!("{value:?} is not an outcome; use ok, exceeded or no_budget"),
+                        format!(
+                            "{value:?} is not an outcome; use ok, exceeded, no_budget or too_large"
+                        ),
                     )
                 })?)
             }

@@ -25,7 +25,7 @@ mod tree;
 
 use std::collections::BTreeMap;
 
-use crate::core::model::Span;
+use crate::core::model::{Span, SpanKind};
 
 #[derive(Debug, Clone)]
 pub struct AnalyzeOptions {
@@ -128,6 +128,9 @@ pub enum Role {
 }
 
 impl Role {
+    /// The span kinds that make a hop.
+    pub const HOP_KINDS: [SpanKind; 2] = [SpanKind::Server, SpanKind::Consumer];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Hop => "hop",
@@ -158,6 +161,9 @@ pub enum Outcome {
     Ok,
     Exceeded,
     NoBudget,
+    /// Not analysed: the trace is larger than the analyzer reads whole (never the result
+    /// of `analyze`; a stored summary says so).
+    TooLarge,
 }
 
 impl Outcome {
@@ -166,13 +172,19 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::Exceeded => "exceeded",
             Outcome::NoBudget => "no_budget",
+            Outcome::TooLarge => "too_large",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Outcome> {
-        [Outcome::Ok, Outcome::Exceeded, Outcome::NoBudget]
-            .into_iter()
-            .find(|o| o.as_str() == name)
+        [
+            Outcome::Ok,
+            Outcome::Exceeded,
+            Outcome::NoBudget,
+            Outcome::TooLarge,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == name)
     }
 }
 

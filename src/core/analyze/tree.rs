@@ -25,7 +25,7 @@ pub(super) struct Tree {
 
 pub(super) fn role(span: &Span) -> Role {
     match span.kind {
-        SpanKind::Server | SpanKind::Consumer => Role::Hop,
+        kind if Role::HOP_KINDS.contains(&kind) => Role::Hop,
         SpanKind::Client | SpanKind::Producer => Role::Call,
         SpanKind::Internal | SpanKind::Unspecified if span.budget.is_some() => Role::Checkpoint,
         _ => Role::Other,

@@ -12,8 +12,8 @@ use super::{
     query_string, trace_href,
 };
 use crate::clock::now_unix_nano;
-use crate::core::analyze::Flag;
 use crate::core::analyze::summary::TraceSummary;
+use crate::core::analyze::{Flag, Outcome};
 use crate::store::query::Cursor;
 use crate::web::AppState;
 use crate::web::api::parse_trace_id;
@@ -142,6 +142,7 @@ pub async fn traces(
             ("exceeded", "exceeded"),
             ("ok", "within budget"),
             ("no_budget", "no budget"),
+            ("too_large", "too large to analyse"),
         ]
         .into_iter()
         .map(|(value, label)| Choice {
@@ -224,6 +225,8 @@ fn row(summary: &TraceSummary, tolerance_ms: f64) -> TraceRow {
         String::new()
     };
     let (used, over, budget_at, bar_title) = match summary.budget_ms {
+        // Not analysed: when it answered is not known.
+        _ if summary.outcome == Outcome::TooLarge => (0, 0, 0, "too large to analyse".to_string()),
         Some(budget) if budget > 0.0 => {
             let scale = budget.max(answered).max(1e-9);
             let used = answered.min(budget) / scale * 100.0;
@@ -244,6 +247,7 @@ fn row(summary: &TraceSummary, tolerance_ms: f64) -> TraceRow {
     let (outcome_label, outcome) = match summary.outcome.as_str() {
         "exceeded" => ("exceeded", "exceeded"),
         "ok" => ("within budget", "ok"),
+        "too_large" => ("too large to analyse", "too_large"),
         _ => ("no budget", "no_budget"),
     };
     TraceRow {
