@@ -404,7 +404,9 @@ async fn the_ui_in_a_real_browser() {
         verdict.starts_with("Exceeded: answered in ")
             && verdict
                 .contains(" of its 800 ms budget. The budget ran out at inventory GET /stock ")
-            && verdict.contains(", which spent 1.2 s on its own work."),
+            && verdict.contains(
+                ", which spent 1.2 s on its own work, the longest part of the critical path (1.2 s).",
+            ),
         "{verdict}"
     );
     // Collapse the root: its descendants hide; expand: they come back.
@@ -459,6 +461,39 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     assert!(share.as_f64().unwrap() > 0.5, "inventory's bar: {share}");
+
+    // The critical path: every row of this chain, each bar underlined in its colour; the
+    // toggle hides it and the browser's back button brings it back.
+    let marked = |client: &Client| {
+        let client = client.clone();
+        async move {
+            client
+                .execute(
+                    "return Array.from(document.querySelectorAll('.wf-row.crit .bar:not(.over)'))\
+                     .filter(b => getComputedStyle(b).boxShadow !== 'none').length;",
+                    vec![],
+                )
+                .await
+                .unwrap()
+                .as_u64()
+                .unwrap()
+        }
+    };
+    assert_eq!(marked(&client).await, 3, "the critical path is drawn");
+    click(&client, "#critical-toggle").await;
+    wait_for_url(&client, "the critical path hidden", |url| {
+        url.contains("critical=off")
+    })
+    .await;
+    wait_for(&client, ".waterfall").await;
+    assert_eq!(marked(&client).await, 0, "hidden");
+    client.back().await.unwrap();
+    wait_for_url(&client, "the critical path shown", |url| {
+        !url.contains("critical=off")
+    })
+    .await;
+    wait_for(&client, ".waterfall").await;
+    assert_eq!(marked(&client).await, 3, "back shows it again");
 
     // Raw times, then back to the adjusted view with the browser's back button.
     client

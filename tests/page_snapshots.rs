@@ -106,7 +106,7 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         Trace id
         Open
         edge GET /checkout 01010101010101010101010101010101
-        Exceeded: answered in 1.54 s of its 800 ms budget. The budget ran out at edge GET /checkout (deadline passed while waiting on inventory, which was sent more time than was left). Most of the time went to inventory GET /stock (1.49 s of its own work).
+        Exceeded: answered in 1.54 s of its 800 ms budget. The budget ran out at edge GET /checkout (deadline passed while waiting on inventory, which was sent more time than was left). The critical path ran longest through inventory GET /stock (1.49 s on it).
         Duration 1.54 s
         Request budget 800 ms
         Spans 3
@@ -116,6 +116,7 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         Expand all
         Collapse all
         Show raw times
+        Hide the critical path
         Highlight spans
         Find
         Download OTLP JSON
@@ -127,19 +128,20 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         Self
         Burn
         The vertical line marks the request deadline at 800 ms.
-        ▾ edge GET /checkout hop ran out here overspent : answered 740 ms after its deadline (1540 ms of a 800 ms budget) local exceed : deadline passed while waiting on inventory, which was sent more time than was left
+        ◆ critical path : the work that decided when the request answered
+        ▾ ◆ On the critical path: 40 ms of its own edge GET /checkout hop ran out here overspent : answered 740 ms after its deadline (1540 ms of a 800 ms budget) local exceed : deadline passed while waiting on inventory, which was sent more time than was left
         ran 740 ms past its deadline
         1.54 s
         800 ms
         40 ms
         5.0 %
-        ▾ edge GET /stock call inflated : forwarded 5000 ms with 780 ms left
+        ▾ ◆ On the critical path: 10 ms of its own edge GET /stock call inflated : forwarded 5000 ms with 780 ms left
         ran 720 ms past its deadline
         1.5 s
         5 s
         –
         –
-        inventory GET /stock hop
+        ◆ On the critical path: 1.49 s of its own inventory GET /stock hop
         1.49 s
         5 s
         1.49 s

@@ -223,7 +223,7 @@ async fn every_page_shows_the_budget_story() {
             trace.body.contains(
                 "Exceeded: answered in 1.54 s of its 800 ms budget. The budget ran out at edge GET /checkout \
                  (deadline passed while waiting on inventory, which was sent more time than was left). \
-                 Most of the time went to inventory GET /stock (1.49 s of its own work)."
+                 The critical path ran longest through inventory GET /stock (1.49 s on it)."
             ),
             "{backend}: verdict"
         );
@@ -260,8 +260,36 @@ async fn every_page_shows_the_budget_story() {
                 .body
                 .contains(r#"href="/hops/inventory/GET%20%2Fstock""#)
         );
+        assert!(
+            detail
+                .body
+                .contains("<dt>Critical path</dt><dd>on it, 1.49 s of its own</dd>"),
+            "{backend}"
+        );
         let raw = get(&state, &format!("/traces/{id}?times=raw")).await;
         assert!(raw.body.contains("Show skew-adjusted times"));
+        // The critical path (all three rows of this chain) is marked, and a link hides it
+        // keeping the other choices; the link back shows it again.
+        assert_eq!(
+            trace
+                .body
+                .matches(r#"<span class="crit-mark" title="#)
+                .count(),
+            3,
+            "{backend}"
+        );
+        assert!(trace.body.contains(&format!(
+            r#"href="/traces/{id}?critical=off" id="critical-toggle">Hide the critical path<"#
+        )));
+        let hidden = get(&state, &format!("/traces/{id}?times=raw&critical=off")).await;
+        assert!(!hidden.body.contains("crit-mark"), "{backend}");
+        assert!(hidden.body.contains(&format!(
+            r#"href="/traces/{id}?times=raw" id="critical-toggle">Show the critical path<"#
+        )));
+        assert!(
+            hidden.body.contains("times=raw&#38;critical=off"),
+            "{backend}: row links keep the choice"
+        );
         let found = get(&state, &format!("/traces/{id}?q=inventory")).await;
         assert!(found.body.contains("1 matching span<"), "{backend}");
 

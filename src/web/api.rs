@@ -240,7 +240,19 @@ pub struct AnalysisJson<'a> {
     origins: Vec<OriginJson<'a>>,
     flag_counts: BTreeMap<&'static str, usize>,
     calls_reaching: &'a BTreeMap<String, usize>,
+    /// Span ids on the critical path, in waterfall order (the edge hop first).
+    critical_path: Vec<String>,
+    /// The hop with the most critical-path time of its own, with that time.
+    critical_hop: Option<CriticalHopJson<'a>>,
     rows: Vec<RowJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct CriticalHopJson<'a> {
+    span_id: String,
+    service: &'a str,
+    name: &'a str,
+    critical_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -281,6 +293,7 @@ struct RowJson<'a> {
     attempt: Option<u32>,
     wasted_ms: Option<f64>,
     skew_shift_ms: f64,
+    critical_ms: Option<f64>,
     flags: Vec<FlagJson<'a>>,
     warnings: &'a [String],
 }
@@ -328,6 +341,7 @@ impl<'a> AnalysisJson<'a> {
                     attempt: row.attempt,
                     wasted_ms: row.wasted_ms,
                     skew_shift_ms: row.skew_shift_ms,
+                    critical_ms: row.critical_ms,
                     flags: row
                         .flags
                         .iter()
@@ -366,6 +380,20 @@ impl<'a> AnalysisJson<'a> {
                 .map(|(flag, n)| (flag.as_str(), *n))
                 .collect(),
             calls_reaching: &analysis.calls_reaching,
+            critical_path: analysis
+                .critical_path
+                .iter()
+                .map(|&r| spans[analysis.rows[r].span].span_id.to_hex())
+                .collect(),
+            critical_hop: analysis.critical_hop.map(|r| {
+                let span = &spans[analysis.rows[r].span];
+                CriticalHopJson {
+                    span_id: span.span_id.to_hex(),
+                    service: &span.service,
+                    name: &span.name,
+                    critical_ms: analysis.critical_ms_of(r),
+                }
+            }),
             rows,
         }
     }

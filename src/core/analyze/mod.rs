@@ -14,6 +14,7 @@
 //!   after `D_h`, the same test as `overspent`.
 //! - Calls without an owner hop (a root CLIENT span) group their retries by parent span.
 
+mod critical;
 pub mod fixture;
 pub mod hops;
 mod rules;
@@ -224,6 +225,8 @@ pub struct Row {
     pub wasted_ms: Option<f64>,
     /// Display shift applied to this row for clock skew (0 when none).
     pub skew_shift_ms: f64,
+    /// On the critical path: the time on it that is this span's own, not a child's.
+    pub critical_ms: Option<f64>,
     pub flags: Vec<FlagNote>,
     /// Data-quality notes: the span's own warnings and what the analysis found odd.
     pub warnings: Vec<String>,
@@ -247,8 +250,26 @@ pub struct Analysis {
     pub flag_counts: BTreeMap<Flag, usize>,
     /// Hops per service: how many requests reached each service.
     pub calls_reaching: BTreeMap<String, usize>,
+    /// Indexes into `rows` of the spans on the critical path, in waterfall order (the
+    /// edge hop, or the first root without one, first); empty for no spans.
+    pub critical_path: Vec<usize>,
+    /// Index into `rows` of the hop with the most critical-path time of its own (its span
+    /// and the calls and internal spans it owns).
+    pub critical_hop: Option<usize>,
     /// Waterfall order: depth first, children by start time.
     pub rows: Vec<Row>,
+}
+
+impl Analysis {
+    /// A hop's time on the critical path: its own row's and those of the rows it owns.
+    pub fn critical_ms_of(&self, hop_row: usize) -> f64 {
+        let hop = self.rows[hop_row].span;
+        self.rows
+            .iter()
+            .filter(|row| row.owner == Some(hop))
+            .filter_map(|row| row.critical_ms)
+            .sum()
+    }
 }
 
 /// Analyses one trace. Never panics, whatever the spans.
@@ -266,6 +287,7 @@ pub fn analyze(spans: &[Span], options: &AnalyzeOptions) -> Analysis {
     let tree = tree::Tree::build(spans);
     let mut analysis = rules::evaluate(spans, &tree, options);
     skew::adjust(spans, &tree, &mut analysis);
+    critical::mark(&tree, &mut analysis);
     analysis
 }
 

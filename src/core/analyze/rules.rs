@@ -615,6 +615,7 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
             attempt: draft.attempt,
             wasted_ms: draft.wasted_ms,
             skew_shift_ms: 0.0,
+            critical_ms: None,
             flags: draft.flags,
             warnings: tree.warnings[i].clone(),
         });
@@ -687,6 +688,8 @@ fn summarise(facts: &Facts, drafts: Vec<Draft>, options: &AnalyzeOptions) -> Ana
         origins,
         flag_counts,
         calls_reaching,
+        critical_path: Vec::new(),
+        critical_hop: None,
         rows,
     }
 }

@@ -40,7 +40,7 @@ fn check(fixture: &str, expected: Expect) {
     expected.assert_eq(&text::render(&spans, &run(&spans)));
 }
 
-const CHAIN: &str = r#"
+pub(super) const CHAIN: &str = r#"
 edge server "GET /checkout" 0 640 budget=700
   edge client "orders" 20 600 budget=680
     orders server "POST /orders" 22 596 budget=678

@@ -15,6 +15,7 @@ pub mod large_trace;
 pub mod overview;
 pub mod trace;
 pub mod traces;
+pub mod verdict;
 
 use std::time::UNIX_EPOCH;
 

@@ -19,13 +19,14 @@ use super::{
     Badge, MAX_INDENT, PageError, enc, fmt_duration, fmt_opt_duration, fmt_percent, fmt_time,
     hop_href, html, permille, query_string,
 };
-use crate::core::analyze::{Analysis, AnalyzeOptions, Outcome, Role, analyze};
+use crate::core::analyze::{Analysis, AnalyzeOptions, Role, analyze};
 use crate::core::attr_json;
 use crate::core::model::{AttrValue, Attributes, Span, StatusCode as SpanStatus, TraceId};
 use crate::pipeline::memory::ReadRefused;
 use crate::web::AppState;
 use crate::web::api::{parse_trace_id, too_large_instead};
 use crate::web::pages::large_trace;
+use crate::web::pages::verdict::verdict;
 use crate::web::read::{ReadError, whole_traces};
 
 /// Traces with more rows than this start with deep subtrees collapsed.
@@ -64,6 +65,8 @@ pub struct WfRow {
     pub error: bool,
     pub matched: bool,
     pub selected: bool,
+    /// On the critical path (and the page shows it): the row's mark and what it says.
+    pub critical: Option<String>,
 }
 
 pub struct Detail {
@@ -102,6 +105,10 @@ pub struct TracePage {
     pub raw: bool,
     pub times_href: String,
     pub times_label: &'static str,
+    /// The critical path is marked on the rows (not `?critical=off`, and there is one).
+    pub show_critical: bool,
+    pub critical_href: String,
+    pub critical_label: &'static str,
     pub skewed_rows: usize,
     pub q: String,
     pub span_param: String,
@@ -196,6 +203,8 @@ pub async fn rows(
 #[derive(Debug, Clone, Default)]
 pub struct View {
     pub raw: bool,
+    /// `?critical=off`: the critical path is not marked.
+    pub hide_critical: bool,
     pub q: String,
     pub span: String,
     /// `?expand=all`: every row in the page, none collapsed, even in a big trace.
@@ -214,6 +223,7 @@ impl View {
         };
         View {
             raw: text("times") == "raw",
+            hide_critical: text("critical") == "off",
             q: text("q"),
             span: text("span").to_lowercase(),
             expand_all: text("expand") == "all",
@@ -224,9 +234,14 @@ impl View {
 
 impl View {
     fn query(&self, span: Option<&str>, raw: bool) -> String {
+        self.query_with(span, raw, self.hide_critical)
+    }
+
+    fn query_with(&self, span: Option<&str>, raw: bool, hide_critical: bool) -> String {
         query_string([
             ("span", span.unwrap_or("")),
             ("times", if raw { "raw" } else { "" }),
+            ("critical", if hide_critical { "off" } else { "" }),
             ("q", self.q.as_str()),
         ])
     }
@@ -337,6 +352,7 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                         query_string([
                             ("parent", id.as_str()),
                             ("times", if view.raw { "raw" } else { "" }),
+                            ("critical", if view.hide_critical { "off" } else { "" }),
                             ("q", view.q.as_str()),
                         ])
                     )
@@ -370,6 +386,10 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                 error: span.status.code == SpanStatus::Error,
                 matched: matched[r],
                 selected: Some(r) == selected_row,
+                critical: row
+                    .critical_ms
+                    .filter(|_| !view.hide_critical)
+                    .map(|own| format!("On the critical path: {} of its own", fmt_duration(own))),
                 id,
             }
         })
@@ -446,6 +466,16 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
         } else {
             "Show raw times"
         },
+        show_critical: !view.hide_critical && !analysis.critical_path.is_empty(),
+        critical_href: format!(
+            "{base}{}",
+            view.query_with(Some(&view.span), view.raw, !view.hide_critical)
+        ),
+        critical_label: if view.hide_critical {
+            "Show the critical path"
+        } else {
+            "Hide the critical path"
+        },
         skewed_rows,
         q: view.q.clone(),
         span_param: view.span.clone(),
@@ -472,6 +502,7 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
             query_string([
                 ("span", view.span.as_str()),
                 ("times", if view.raw { "raw" } else { "" }),
+                ("critical", if view.hide_critical { "off" } else { "" }),
                 ("q", view.q.as_str()),
                 ("expand", "all"),
             ])
@@ -542,111 +573,6 @@ fn matches(span: &Span, needle: &str) -> bool {
             .any(|(k, v)| hit(&format!("{k}={}", display_value(v))))
 }
 
-/// The verdict at the top of the page: the outcome against the budget, timed by when the
-/// edge hop answered; where an exceeded request ran out; work that went on after the answer.
-pub fn verdict(spans: &[Span], analysis: &Analysis) -> String {
-    let label = |r: usize| {
-        let span = &spans[analysis.rows[r].span];
-        format!("{} {}", span.service, span.name)
-    };
-    let burner = analysis
-        .burner
-        .map(|r| (label(r), analysis.rows[r].self_ms.unwrap_or(0.0)));
-    let Some(budget) = analysis
-        .budget_ms
-        .filter(|_| analysis.outcome != Outcome::NoBudget)
-    else {
-        return "No budget recorded: add deadline.remaining_ms (the milliseconds left before the \
-             caller's deadline) to each service's server span, or capture X-Request-Budget-Ms or grpc-timeout; \
-             this trace is shown without budget analysis."
-            .to_string();
-    };
-    let answered = analysis
-        .edge
-        .map_or(analysis.duration_ms, |e| analysis.rows[e].duration_ms);
-    let (answered_s, budget_s) = (fmt_duration(answered), fmt_duration(budget));
-    let mut text = if analysis.outcome == Outcome::Exceeded {
-        let edge_overspent = analysis.edge.is_some_and(|e| {
-            analysis.rows[e]
-                .flags
-                .iter()
-                .any(|f| f.flag == crate::core::analyze::Flag::Overspent)
-        });
-        let mut text = if edge_overspent {
-            format!("Exceeded: answered in {answered_s} of its {budget_s} budget.")
-        } else {
-            format!(
-                "Exceeded: the request ended with a deadline-exceeded status after {answered_s} of its \
-                 {budget_s} budget."
-            )
-        };
-        let origins: Vec<String> = analysis
-            .origins
-            .iter()
-            .map(|&r| {
-                let reason = crate::core::analyze::origin_reason(&analysis.rows[r]);
-                let mut told = label(r);
-                if !reason.is_empty() {
-                    told.push_str(&format!(" ({reason})"));
-                }
-                if Some(r) == analysis.burner {
-                    let own = analysis.rows[r].self_ms.unwrap_or(0.0);
-                    told.push_str(&format!(
-                        ", which spent {} on its own work",
-                        fmt_duration(own)
-                    ));
-                }
-                told
-            })
-            .collect();
-        if !origins.is_empty() {
-            text.push_str(&format!(
-                " The budget ran out at {}.",
-                origins.join("; and at ")
-            ));
-        }
-        if let Some((who, own)) = burner.filter(|_| {
-            !analysis
-                .burner
-                .is_some_and(|b| analysis.origins.contains(&b))
-        }) {
-            text.push_str(&format!(
-                " Most of the time went to {who} ({} of its own work).",
-                fmt_duration(own)
-            ));
-        }
-        text
-    } else {
-        match burner {
-            Some((who, own)) => format!(
-                "Within budget: answered in {answered_s} of {budget_s}; {who} used the most ({}).",
-                fmt_duration(own)
-            ),
-            None => format!("Within budget: answered in {answered_s} of {budget_s}."),
-        }
-    };
-    // Spans that ended after the edge answered, beyond the tolerance: the trace outlasts
-    // its answer.
-    let after = analysis.duration_ms - answered;
-    if analysis.edge.is_some() && after > analysis.tolerance_ms.max(1.0) {
-        text.push_str(&format!(
-            " {} of work continued after the answer.",
-            fmt_duration(after)
-        ));
-    }
-    if let Some(n) = analysis
-        .flag_counts
-        .get(&crate::core::analyze::Flag::Wasted)
-    {
-        text.push_str(&format!(
-            " {n} span{} kept working after {} caller gave up.",
-            if *n == 1 { "" } else { "s" },
-            if *n == 1 { "its" } else { "their" }
-        ));
-    }
-    text
-}
-
 /// Attribute values as text: strings as they are, everything else as JSON.
 fn display_value(value: &AttrValue) -> String {
     match value {
@@ -686,6 +612,11 @@ fn detail(
                 .map(|d| format!("+{} (trace time)", fmt_duration(d))),
         ),
         ("Self time", ms(row.self_ms)),
+        (
+            "Critical path",
+            row.critical_ms
+                .map(|own| format!("on it, {} of its own", fmt_duration(own))),
+        ),
         ("Burn", row.burn.map(|b| fmt_percent(Some(b)))),
         ("Exceed", row.exceed.map(|e| e.as_str().to_string())),
         ("Attempt", row.attempt.map(|a| a.to_string())),
@@ -766,50 +697,5 @@ fn detail(
         },
         hop_href: (row.role == Role::Hop).then(|| hop_href(&span.service, &span.name, "")),
         close_href: format!("{base}{}", view.query(None, view.raw)),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::verdict;
-    use crate::core::analyze::fixture::parse;
-    use crate::core::analyze::{AnalyzeOptions, analyze};
-
-    fn verdict_of(fixture: &str) -> String {
-        let spans = parse(fixture);
-        verdict(&spans, &analyze(&spans, &AnalyzeOptions::default()))
-    }
-
-    #[test]
-    fn an_answer_in_time_with_work_going_on_after_it_says_both() {
-        let text = verdict_of(
-            r#"
-edge server "GET /report" 0 56 budget=1450
-  edge client "POST /render" 5 45 budget=1440
-    render server "POST /render" 6 1750 budget=1440
-"#,
-        );
-        assert_eq!(
-            text,
-            "Within budget: answered in 56 ms of 1.45 s; render POST /render used the most (1.75 s). \
-             1.7 s of work continued after the answer. 1 span kept working after its caller gave up."
-        );
-    }
-
-    #[test]
-    fn an_exceeded_request_names_where_its_budget_ran_out() {
-        let text = verdict_of(
-            r#"
-edge server "GET /checkout" 0 900 budget=800
-  edge client "GET /stock" 20 870 budget=780
-    inventory server "GET /stock" 25 860 budget=775
-"#,
-        );
-        assert_eq!(
-            text,
-            "Exceeded: answered in 900 ms of its 800 ms budget. The budget ran out at inventory \
-             GET /stock (deadline passed during its own work), which spent 860 ms on its own work."
-        );
-        assert!(!text.contains("continued after"), "{text}");
     }
 }
