@@ -188,6 +188,8 @@ async fn the_hop_page_says_how_its_requests_went() {
             Burn p50 2.4 %
             Burn p95 4.8 %
             Self p95 42 ms
+            Critical path, mean 37 ms
+            Critical hop of exceeded 0.0 % of 1 (on the path of 1)
             All traces through this hop → · Alert on this hop…
             Deadline exceeded over time
             From the analysed traces.
@@ -237,11 +239,11 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         edge GET /checkout
         1 exceeded request ran out here
         Top budget burners
-        p95 share of the request budget a hop spends in its own code.
+        p95 share of the request budget a hop spends in its own code; a burner that is rarely the critical hop of exceeded requests did not make them late.
         inventory GET /stock
-        burn p95 184 % · self p95 1.45 s · 2 requests
+        burn p95 184 % · self p95 1.45 s · 2 requests · critical hop of 100 % of 1 exceeded
         edge GET /checkout
-        burn p95 4.8 % · self p95 42 ms · 2 requests
+        burn p95 4.8 % · self p95 42 ms · 2 requests · critical hop of 0.0 % of 1 exceeded
         What the flags mean
         inflated forwarded more budget than it had left dropped called on without passing a budget overspent kept working past its own deadline inherited exceed arrived with its budget already spent upstream local exceed its deadline passed while it was working doomed called on when its own budget was already spent refused declined work it could not finish in time (good) retry a repeated call to the same target unsafe retry retried a non-idempotent call wasted kept working after its caller gave up missing parent its parent span was never received
         Hops

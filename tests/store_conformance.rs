@@ -756,6 +756,27 @@ async fn a_trace_written_twice_from_the_same_marks_counts_once() {
             .await
             .unwrap();
         assert_eq!(rollup_requests(store.as_ref()).await, hops, "{backend}");
+
+        // The hops' critical-path time is kept (stored samples included: the late span's
+        // write took the old contribution back out), in the minute and the hourly rows.
+        let expected: f64 = analysed.1.iter().map(|hop| hop.critical.ms).sum();
+        assert!(expected > 0.0, "{backend}");
+        for hourly in [false, true] {
+            let rows = store
+                .hop_rollups(&RollupQuery {
+                    since_unix_nano: 0,
+                    until_unix_nano: 3_600_000_000_000,
+                    hourly,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let kept: f64 = rows.iter().map(|row| row.rollup.critical.ms).sum();
+            assert!(
+                (kept - expected).abs() < 1e-6,
+                "{backend}, hourly {hourly}: {kept} of {expected} ms"
+            );
+        }
     })
     .await;
 }

@@ -295,6 +295,25 @@ async fn every_page_shows_the_budget_story() {
 
         let hop = get(&state, "/hops/inventory/GET%20%2Fstock?range=1h").await;
         assert_eq!(hop.status, StatusCode::OK);
+        // inventory's own 1.49 s made the request late, though edge is where it ran out.
+        assert!(
+            hop.body.contains("<dd>100 % of 1 (on the path of 1)</dd>"),
+            "{backend}: critical share on the hop page"
+        );
+        let api = get(&state, "/api/hops").await;
+        let hops: serde_json::Value = serde_json::from_str(&api.body).unwrap();
+        let critical = |service: &str| {
+            hops["hops"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h["service"] == service)
+                .unwrap()["critical"]
+                .clone()
+        };
+        assert_eq!(critical("inventory")["share"], 1.0, "{backend}");
+        assert_eq!(critical("edge")["share"], 0.0, "{backend}");
+        assert_eq!(critical("edge")["exceeded_on_path"], 1, "{backend}");
         assert!(hop.body.contains("Budget received") && hop.body.contains("Burn"));
         assert!(
             hop.body.contains(&format!(r#"href="/traces/{id}""#)),

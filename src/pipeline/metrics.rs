@@ -356,6 +356,7 @@ mod tests {
                 wasted_ms: 4.0,
                 flags: Default::default(),
                 spent: None,
+                critical: Default::default(),
             },
             1,
         );

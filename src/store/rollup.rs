@@ -13,15 +13,16 @@ use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
 use crate::core::analyze::Flag;
 use crate::core::analyze::hops::{
-    COUNTED, Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, SpentArrival,
-    minute_of,
+    COUNTED, CriticalCounts, CriticalSample, Histogram, HopRollupRow, HopSample, ReportedRow,
+    Rollup, RollupKey, SpentArrival, minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
 const HOUR_NANOS: u64 = 3_600_000_000_000;
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
-     local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist";
+     local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist, \
+     critical_ms, exceeded_requests, critical_exceeded, dominant_exceeded";
 
 /// The conflict clause of both backends' rollup upserts.
 pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute_unix_nano) DO UPDATE SET \
@@ -29,7 +30,9 @@ pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute
      local_exceed = excluded.local_exceed, overspent = excluded.overspent, inflated = excluded.inflated, \
      dropped = excluded.dropped, doomed = excluded.doomed, refused = excluded.refused, \
      retry = excluded.retry, origin = excluded.origin, wasted_ms = excluded.wasted_ms, budget_hist = excluded.budget_hist, \
-     burn_hist = excluded.burn_hist, self_hist = excluded.self_hist";
+     burn_hist = excluded.burn_hist, self_hist = excluded.self_hist, critical_ms = excluded.critical_ms, \
+     exceeded_requests = excluded.exceeded_requests, critical_exceeded = excluded.critical_exceeded, \
+     dominant_exceeded = excluded.dominant_exceeded";
 
 #[async_trait]
 impl<B> RollupStore for SqlStore<B>
@@ -108,8 +111,9 @@ pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
 /// these): service, operation, start, budget, burn, self time, counts ("1,0,…" in the
 /// order of `COUNTED`), wasted ms, every flag it owns ("inflated:1,retry:2"), and when it
 /// arrived already spent, "caller service TAB caller operation TAB origin service TAB
-/// origin operation" (the origin empty when there is none). Samples stored before the last
-/// two existed read as having neither; the re-analysis after an upgrade fills them in.
+/// origin operation" (the origin empty when there is none), and its part in the critical
+/// path: [ms, exceeded, on the path, critical hop]. Samples stored before the last three
+/// existed read as having none; the re-analysis after an upgrade fills them in.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredHop(
     String,
@@ -122,6 +126,7 @@ struct StoredHop(
     Option<f64>,
     #[serde(default)] String,
     #[serde(default)] Option<String>,
+    #[serde(default)] Option<(f64, bool, bool, bool)>,
 );
 
 /// A trace's hop samples for its summary's `hops` column, so that re-analysing the trace
@@ -155,6 +160,12 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                     ]
                     .join("\t")
                 }),
+                Some((
+                    hop.critical.ms,
+                    hop.critical.exceeded,
+                    hop.critical.on_path,
+                    hop.critical.dominant,
+                )),
             )
         })
         .collect();
@@ -178,6 +189,7 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                 wasted,
                 flags,
                 spent,
+                critical,
             )| {
                 let mut parsed = [0; COUNTED.len()];
                 for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
@@ -209,6 +221,14 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                             origin: (!origin.0.is_empty()).then_some(origin),
                         }
                     }),
+                    critical: critical
+                        .map(|(ms, exceeded, on_path, dominant)| CriticalSample {
+                            ms,
+                            exceeded,
+                            on_path,
+                            dominant,
+                        })
+                        .unwrap_or_default(),
                 }
             },
         )
@@ -234,6 +254,10 @@ pub struct StoredRollup {
     pub budget_hist: String,
     pub burn_hist: String,
     pub self_hist: String,
+    pub critical_ms: f64,
+    pub exceeded_requests: i64,
+    pub critical_exceeded: i64,
+    pub dominant_exceeded: i64,
 }
 
 impl StoredRollup {
@@ -259,6 +283,12 @@ impl StoredRollup {
                 budget: Histogram::decode(&self.budget_hist),
                 burn: Histogram::decode(&self.burn_hist),
                 self_ms: Histogram::decode(&self.self_hist),
+                critical: CriticalCounts {
+                    ms: self.critical_ms,
+                    exceeded: self.exceeded_requests,
+                    exceeded_on_path: self.critical_exceeded,
+                    exceeded_dominant: self.dominant_exceeded,
+                },
                 reported: Default::default(),
             },
         }
@@ -393,7 +423,11 @@ where
                 b.push_bind(row.rollup.wasted_ms)
                     .push_bind(row.rollup.budget.encode())
                     .push_bind(row.rollup.burn.encode())
-                    .push_bind(row.rollup.self_ms.encode());
+                    .push_bind(row.rollup.self_ms.encode())
+                    .push_bind(row.rollup.critical.ms)
+                    .push_bind(row.rollup.critical.exceeded)
+                    .push_bind(row.rollup.critical.exceeded_on_path)
+                    .push_bind(row.rollup.critical.exceeded_dominant);
             });
             upsert.push(ROLLUP_UPSERT);
             upsert.build().execute(&mut *conn).await?;
@@ -428,6 +462,7 @@ mod tests {
                     wasted_ms,
                     flags: Default::default(),
                     spent: None,
+                    critical: Default::default(),
                 }
             };
         vec![

@@ -62,6 +62,19 @@ fn rollup_json(rollup: &Rollup, extra: Value) -> Value {
     if let Value::Object(q) = quantiles(rollup) {
         object.extend(q);
     }
+    // Its part in its requests' critical paths (docs/budget-semantics.md).
+    let c = &rollup.critical;
+    object.insert(
+        "critical".into(),
+        json!({
+            "ms": c.ms,
+            "mean_ms": (rollup.requests > 0).then(|| c.ms / rollup.requests as f64),
+            "exceeded": c.exceeded,
+            "exceeded_on_path": c.exceeded_on_path,
+            "exceeded_dominant": c.exceeded_dominant,
+            "share": c.share(),
+        }),
+    );
     // The hop's own deadline metrics (every request), beside the traces' numbers.
     let r = &rollup.reported;
     object.insert(

@@ -169,6 +169,7 @@ pub fn signal_value(signal: Signal, rollup: &Rollup, objective: Option<f64>) -> 
         Signal::BurnP99 => rollup.burn.quantile(0.99),
         Signal::SelfMsP95 => rollup.self_ms.quantile(0.95),
         Signal::BudgetReceivedP50 => rollup.budget.quantile(0.5),
+        Signal::CriticalShare => rollup.critical.share(),
         Signal::SloBurnRate => {
             let allowed = 1.0 - objective?;
             signal_value(Signal::LocalExceedRatio, rollup, None).map(|r| r / allowed)
@@ -642,6 +643,27 @@ mod tests {
             None,
             "no metrics: no data, not 0"
         );
+    }
+
+    #[test]
+    fn critical_share_is_the_share_of_exceeded_requests_the_hop_made_late() {
+        let mut rollup = Rollup {
+            requests: 50,
+            ..Rollup::default()
+        };
+        assert_eq!(
+            signal_value(Signal::CriticalShare, &rollup, None),
+            None,
+            "no exceeded request: no data"
+        );
+        rollup.critical.exceeded = 8;
+        rollup.critical.exceeded_on_path = 8;
+        rollup.critical.exceeded_dominant = 6;
+        assert_eq!(
+            signal_value(Signal::CriticalShare, &rollup, None),
+            Some(0.75)
+        );
+        assert_eq!(Signal::parse("critical_share"), Some(Signal::CriticalShare));
     }
 
     #[test]

@@ -51,6 +51,9 @@ signals! {
     BurnP99 = "burn_p99",
     SelfMsP95 = "self_ms_p95",
     BudgetReceivedP50 = "budget_received_p50",
+    /// Of the exceeded requests through the hop, the share whose critical hop it was: how
+    /// often its own work made a late request late.
+    CriticalShare = "critical_share",
     /// Local exceed ratio ÷ (1 − objective), over `window` and `short_window` both.
     SloBurnRate = "slo_burn_rate",
     /// From the hop's deadline metrics (every request, not only sampled traces).
@@ -113,7 +116,10 @@ impl Signal {
             Signal::DoomedCount => Some(Flag::Doomed),
             Signal::RetryRatio => Some(Flag::Retry),
             Signal::WastedMs => Some(Flag::Wasted),
-            Signal::Requests | Signal::SelfMsP95 | Signal::BudgetReceivedP50 => None,
+            Signal::Requests
+            | Signal::SelfMsP95
+            | Signal::BudgetReceivedP50
+            | Signal::CriticalShare => None,
         }
     }
 }

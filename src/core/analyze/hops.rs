@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Analysis, Exceed, Flag, Role};
+use super::{Analysis, Exceed, Flag, Outcome, Role};
 use crate::core::model::{Span, TraceId};
 
 /// Buckets per doubling.
@@ -149,6 +149,57 @@ pub struct HopSample {
     pub flags: BTreeMap<Flag, usize>,
     /// Set when the hop arrived with its budget already spent.
     pub spent: Option<SpentArrival>,
+    pub critical: CriticalSample,
+}
+
+/// A hop's part in one request's critical path (docs/budget-semantics.md, "The critical
+/// path").
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CriticalSample {
+    /// Its time on the path: its own and that of the rows it owns (`Analysis::critical_ms_of`).
+    pub ms: f64,
+    /// The request exceeded its budget.
+    pub exceeded: bool,
+    /// The hop is on the path.
+    pub on_path: bool,
+    /// The hop is the request's critical hop: the most time on the path.
+    pub dominant: bool,
+}
+
+/// Per hop identity and minute: `CriticalSample`s added up.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CriticalCounts {
+    /// Time on the critical path, summed over requests.
+    pub ms: f64,
+    /// Requests through the hop that exceeded their budget; of them, those whose critical
+    /// path went through the hop, and those whose critical hop it was.
+    pub exceeded: i64,
+    pub exceeded_on_path: i64,
+    pub exceeded_dominant: i64,
+}
+
+impl CriticalCounts {
+    pub fn add(&mut self, sample: &CriticalSample, weight: i64) {
+        self.ms += weight as f64 * sample.ms;
+        if sample.exceeded {
+            self.exceeded += weight;
+            self.exceeded_on_path += weight * i64::from(sample.on_path);
+            self.exceeded_dominant += weight * i64::from(sample.dominant);
+        }
+    }
+
+    pub fn merge(&mut self, other: &CriticalCounts, weight: i64) {
+        self.ms += weight as f64 * other.ms;
+        self.exceeded += weight * other.exceeded;
+        self.exceeded_on_path += weight * other.exceeded_on_path;
+        self.exceeded_dominant += weight * other.exceeded_dominant;
+    }
+
+    /// `critical_share`: of the exceeded requests through the hop, the share whose critical
+    /// hop it was; none without exceeded requests.
+    pub fn share(&self) -> Option<f64> {
+        (self.exceeded > 0).then(|| self.exceeded_dominant as f64 / self.exceeded as f64)
+    }
 }
 
 /// A request that arrived at a hop already spent: who sent it, and where upstream its
@@ -184,8 +235,12 @@ fn counted_index(flag: Flag) -> Option<usize> {
 /// for the hop that made it; an origin counts for its own hop.
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
     let spent = spent_arrivals(spans, analysis);
+    let exceeded = analysis.outcome == Outcome::Exceeded;
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
-    for row in analysis.rows.iter().filter(|row| row.role == Role::Hop) {
+    for (r, row) in analysis.rows.iter().enumerate() {
+        if row.role != Role::Hop {
+            continue;
+        }
         let span = &spans[row.span];
         by_span.insert(
             row.span,
@@ -200,6 +255,12 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
                 wasted_ms: row.wasted_ms.unwrap_or(0.0),
                 flags: BTreeMap::new(),
                 spent: spent.get(&row.span).cloned(),
+                critical: CriticalSample {
+                    ms: analysis.critical_ms_of(r),
+                    exceeded,
+                    on_path: row.critical_ms.is_some(),
+                    dominant: analysis.critical_hop == Some(r),
+                },
             },
         );
     }
@@ -245,6 +306,7 @@ pub struct Rollup {
     pub budget: Histogram,
     pub burn: Histogram,
     pub self_ms: Histogram,
+    pub critical: CriticalCounts,
     /// What the hop's own deadline metrics reported (every request, not only sampled
     /// traces); never derived from spans, read beside the rollups (`Store::reported`).
     pub reported: Reported,
@@ -302,6 +364,7 @@ impl Rollup {
             self.burn.record(burn, weight);
         }
         self.self_ms.record(sample.self_ms, weight);
+        self.critical.add(&sample.critical, weight);
     }
 
     pub fn merge(&mut self, other: &Rollup) {
@@ -313,6 +376,7 @@ impl Rollup {
         self.budget.merge(&other.budget);
         self.burn.merge(&other.burn);
         self.self_ms.merge(&other.self_ms);
+        self.critical.merge(&other.critical, 1);
         self.reported.merge(&other.reported, 1);
     }
 
@@ -326,6 +390,7 @@ impl Rollup {
         self.budget.unmerge(&other.budget);
         self.burn.unmerge(&other.burn);
         self.self_ms.unmerge(&other.self_ms);
+        self.critical.merge(&other.critical, -1);
         self.reported.merge(&other.reported, -1);
     }
 
@@ -585,6 +650,37 @@ edge server "GET /" 0 1200 budget=1000
         rollup.unmerge(&other);
         assert_eq!(rollup, snapshot, "unmerge undoes merge");
         assert_eq!(rollup.count("local_exceed"), 1);
+    }
+
+    #[test]
+    fn each_hop_counts_its_part_in_the_critical_path_of_an_exceeded_request() {
+        let spans = parse(DOOMED_BILLING);
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let stored = samples(&spans, &analysis);
+        // edge worked 1.1 s before calling billing: the critical hop.
+        assert_eq!(
+            stored[0].critical,
+            CriticalSample {
+                ms: analysis.critical_ms_of(analysis.edge.unwrap()),
+                exceeded: true,
+                on_path: true,
+                dominant: true,
+            }
+        );
+        assert!(stored[0].critical.ms > 1100.0, "{:?}", stored[0].critical);
+        assert!(stored[1].critical.on_path && !stored[1].critical.dominant);
+        let mut edge = Rollup::default();
+        edge.add(&stored[0], 1);
+        edge.add(&stored[0], 1);
+        assert_eq!(edge.critical.share(), Some(1.0));
+        let mut billing = Rollup::default();
+        billing.add(&stored[1], 1);
+        assert_eq!(billing.critical.share(), Some(0.0));
+        assert_eq!(
+            (billing.critical.exceeded, billing.critical.exceeded_on_path),
+            (1, 1)
+        );
+        assert_eq!(Rollup::default().critical.share(), None);
     }
 
     #[test]

@@ -183,6 +183,24 @@ pub async fn hop(
         ("Burn p50", fmt_percent(merged.burn.quantile(0.5))),
         ("Burn p95", fmt_percent(merged.burn.quantile(0.95))),
         ("Self p95", fmt_opt_duration(merged.self_ms.quantile(0.95))),
+        (
+            "Critical path, mean",
+            fmt_opt_duration(
+                (merged.requests > 0).then(|| merged.critical.ms / merged.requests as f64),
+            ),
+        ),
+        (
+            "Critical hop of exceeded",
+            match merged.critical.share() {
+                Some(share) => format!(
+                    "{} of {} (on the path of {})",
+                    fmt_percent(Some(share)),
+                    merged.critical.exceeded,
+                    merged.critical.exceeded_on_path
+                ),
+                None => "no exceeded request".into(),
+            },
+        ),
     ];
     let mut facts = facts;
     if let Some(line) = super::reported_line(&merged) {

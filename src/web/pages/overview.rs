@@ -81,6 +81,8 @@ pub struct Burner {
     /// Width of the bar (`permille`).
     pub bar: u16,
     pub requests: i64,
+    /// "critical hop of 80 % of 12 exceeded": how often its work made exceeded requests late.
+    pub critical: Option<String>,
 }
 
 #[derive(Template)]
@@ -287,6 +289,13 @@ pub fn build(
             self_p95: fmt_opt_duration(r.self_ms.quantile(0.95)),
             bar: permille((burn / top * 100.0).clamp(1.0, 100.0)),
             requests: r.requests,
+            critical: r.critical.share().map(|share| {
+                format!(
+                    "critical hop of {} of {} exceeded",
+                    fmt_percent(Some(share)),
+                    r.critical.exceeded
+                )
+            }),
         })
         .collect();
 
