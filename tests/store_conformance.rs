@@ -669,22 +669,25 @@ async fn marked(store: &dyn Store, spans: &[(u8, u8)]) -> Vec<(TraceId, i64)> {
 fn analysed_trace(trace: u8) -> (Vec<Span>, (TraceSummary, Vec<HopSample>)) {
     let mut root = span(trace, 1, None, "edge", "GET /", 60_000_000_000);
     root.end_unix_nano = root.start_unix_nano + 50_000_000;
+    let mut call = span(trace, 3, Some(1), "edge", "charge", root.start_unix_nano);
+    call.kind = SpanKind::Client;
+    call.end_unix_nano = call.start_unix_nano + 22_000_000;
     let mut child = span(
         trace,
         2,
-        Some(1),
+        Some(3),
         "billing",
         "charge",
         root.start_unix_nano + 1_000_000,
     );
     child.end_unix_nano = child.start_unix_nano + 20_000_000;
-    for (span, ms) in [(&mut root, 100.0), (&mut child, 90.0)] {
+    for (span, ms) in [(&mut root, 100.0), (&mut call, 100.0), (&mut child, 90.0)] {
         span.budget = Some(Budget {
             ms,
             source: "deadline.remaining_ms".into(),
         });
     }
-    let spans = vec![root, child];
+    let spans = vec![root, child, call];
     let analysis = analyze(&spans, &AnalyzeOptions::default());
     let summary = summarize(&spans, &analysis).expect("a trace with a root");
     let hops = samples(&spans, &analysis);
@@ -776,7 +779,37 @@ async fn a_trace_written_twice_from_the_same_marks_counts_once() {
                 (kept - expected).abs() < 1e-6,
                 "{backend}, hourly {hourly}: {kept} of {expected} ms"
             );
+            // Its one call edge (edge → billing), counted once too.
+            let edges = store
+                .edge_rollups(&RollupQuery {
+                    since_unix_nano: 0,
+                    until_unix_nano: 3_600_000_000_000,
+                    service: Some("billing"),
+                    hourly,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(edges.len(), 1, "{backend}, hourly {hourly}: {edges:?}");
+            let ((caller, _, callee, operation, _), edge) = &edges[0];
+            assert_eq!(
+                (caller.as_str(), callee.as_str(), operation.as_str()),
+                ("edge", "billing", "charge"),
+                "{backend}"
+            );
+            assert_eq!((edge.requests, edge.calls), (1, 1), "{backend}");
+            assert_eq!(edge.forwarded.count(), 1, "{backend}");
         }
+        let elsewhere = store
+            .edge_rollups(&RollupQuery {
+                since_unix_nano: 0,
+                until_unix_nano: 3_600_000_000_000,
+                service: Some("pricing"),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(elsewhere.is_empty(), "{backend}");
     })
     .await;
 }

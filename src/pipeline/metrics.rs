@@ -357,6 +357,7 @@ mod tests {
                 flags: Default::default(),
                 spent: None,
                 critical: Default::default(),
+                calls: Vec::new(),
             },
             1,
         );

@@ -34,6 +34,7 @@
 
 mod alerts;
 mod backend;
+mod edges;
 mod error;
 mod leases;
 pub mod postgres;
@@ -54,7 +55,9 @@ use crate::core::alerts::eval::Instance;
 use crate::core::alerts::notify::Notification;
 use crate::core::alerts::silence::Silence;
 use crate::core::analyze::AnalysisVersion;
-use crate::core::analyze::hops::{HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey};
+use crate::core::analyze::hops::{
+    EdgeKey, EdgeRollup, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey,
+};
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::{Span, SpanId, SpanKind, TraceId};
 pub use alerts::AlertWrite;
@@ -216,6 +219,13 @@ pub trait AnalysisQueue: Send + Sync {
 pub trait RollupStore: Send + Sync {
     /// Hop rollups of `query`'s range (minute-aligned) and hops.
     async fn hop_rollups(&self, query: &RollupQuery<'_>) -> Result<Vec<HopRollupRow>, StoreError>;
+
+    /// Call-edge rollups of `query`'s range (minute-aligned); `query.service` keeps the
+    /// edges it calls or is called on (`operation` is not read).
+    async fn edge_rollups(
+        &self,
+        query: &RollupQuery<'_>,
+    ) -> Result<Vec<(EdgeKey, EdgeRollup)>, StoreError>;
 
     /// Adds the hops' deadline metrics (deltas, distinct keys) to their minutes, in one
     /// transaction.

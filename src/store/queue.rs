@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
+use super::edges::StoredEdge;
 use super::query::{Backlog, Cursor, DueQuery, StaleQuery};
 use super::rollup::StoredRollup;
 use super::spans::decode_positions;
@@ -29,6 +30,7 @@ where
     Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
@@ -89,6 +91,7 @@ where
     Option<String>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
 {

@@ -8,17 +8,18 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
+use super::edges::{StoredEdge, edge_query};
 use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
 use crate::core::analyze::Flag;
 use crate::core::analyze::hops::{
-    COUNTED, CriticalCounts, CriticalSample, Histogram, HopRollupRow, HopSample, ReportedRow,
-    Rollup, RollupKey, SpentArrival, minute_of,
+    COUNTED, CriticalCounts, CriticalSample, EDGE_COUNTED, EdgeKey, EdgeRollup, EdgeSample,
+    Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, SpentArrival, minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
-const HOUR_NANOS: u64 = 3_600_000_000_000;
+pub(crate) const HOUR_NANOS: u64 = 3_600_000_000_000;
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
      local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist, \
@@ -46,16 +47,43 @@ where
     f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredReported: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn hop_rollups(&self, query: &RollupQuery<'_>) -> Result<Vec<HopRollupRow>, StoreError> {
         let mut rows = Vec::new();
-        for (table, since, until) in
+        for (hourly, since, until) in
             rollup_ranges(query.since_unix_nano, query.until_unix_nano, query.hourly)
         {
+            let table = if hourly {
+                "hop_rollups_hourly"
+            } else {
+                "hop_rollups"
+            };
             let mut q = rollup_query::<B::Db>(table, since, until, query.service, query.operation);
             let found: Vec<StoredRollup> =
                 q.build_query_as().fetch_all(self.backend.reader()).await?;
             rows.extend(found.into_iter().map(StoredRollup::decode));
+        }
+        Ok(rows)
+    }
+
+    async fn edge_rollups(
+        &self,
+        query: &RollupQuery<'_>,
+    ) -> Result<Vec<(EdgeKey, EdgeRollup)>, StoreError> {
+        let mut rows = Vec::new();
+        for (hourly, since, until) in
+            rollup_ranges(query.since_unix_nano, query.until_unix_nano, query.hourly)
+        {
+            let table = if hourly {
+                "edge_rollups_hourly"
+            } else {
+                "edge_rollups"
+            };
+            let mut q = edge_query::<B::Db>(table, since, until, query.service);
+            let found: Vec<StoredEdge> =
+                q.build_query_as().fetch_all(self.backend.reader()).await?;
+            rows.extend(found.into_iter().map(StoredEdge::decode));
         }
         Ok(rows)
     }
@@ -81,20 +109,20 @@ where
     }
 }
 
-/// Splits `[since, until)` into the rollup tables and ranges to read: whole hours from
-/// `hop_rollups_hourly`, the edges from `hop_rollups`.
-fn rollup_ranges(since: u64, until: u64, hourly: bool) -> Vec<(&'static str, u64, u64)> {
+/// Splits `[since, until)` into the ranges to read from a rollup table and its hourly
+/// form (true): whole hours from the hourly table, the edges per minute.
+pub(crate) fn rollup_ranges(since: u64, until: u64, hourly: bool) -> Vec<(bool, u64, u64)> {
     let first_hour = since.div_ceil(HOUR_NANOS) * HOUR_NANOS;
     let last_hour = until - until % HOUR_NANOS;
     if !hourly || first_hour >= last_hour {
-        return vec![("hop_rollups", since, until)];
+        return vec![(false, since, until)];
     }
-    let mut ranges = vec![("hop_rollups_hourly", first_hour, last_hour)];
+    let mut ranges = vec![(true, first_hour, last_hour)];
     if since < first_hour {
-        ranges.push(("hop_rollups", since, first_hour));
+        ranges.push((false, since, first_hour));
     }
     if last_hour < until {
-        ranges.push(("hop_rollups", last_hour, until));
+        ranges.push((false, last_hour, until));
     }
     ranges
 }
@@ -112,8 +140,10 @@ pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
 /// order of `COUNTED`), wasted ms, every flag it owns ("inflated:1,retry:2"), and when it
 /// arrived already spent, "caller service TAB caller operation TAB origin service TAB
 /// origin operation" (the origin empty when there is none), and its part in the critical
-/// path: [ms, exceeded, on the path, critical hop]. Samples stored before the last three
-/// existed read as having none; the re-analysis after an upgrade fills them in.
+/// path: [ms, exceeded, on the path, critical hop], and its calls, one per callee: [callee
+/// service, callee operation, calls, counts in `EDGE_COUNTED` order, then the forwarded,
+/// left, latency and shortfall histograms]. Samples stored before the last four existed
+/// read as having none; the re-analysis after an upgrade fills them in.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StoredHop(
     String,
@@ -127,6 +157,7 @@ struct StoredHop(
     #[serde(default)] String,
     #[serde(default)] Option<String>,
     #[serde(default)] Option<(f64, bool, bool, bool)>,
+    #[serde(default)] Vec<(String, String, i64, String, String, String, String, String)>,
 );
 
 /// A trace's hop samples for its summary's `hops` column, so that re-analysing the trace
@@ -166,6 +197,25 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                     hop.critical.on_path,
                     hop.critical.dominant,
                 )),
+                hop.calls
+                    .iter()
+                    .map(|edge| {
+                        (
+                            edge.callee_service.clone(),
+                            edge.callee_operation.clone(),
+                            edge.calls,
+                            edge.counts
+                                .iter()
+                                .map(i64::to_string)
+                                .collect::<Vec<_>>()
+                                .join(","),
+                            edge.forwarded.encode(),
+                            edge.left.encode(),
+                            edge.latency.encode(),
+                            edge.shortfall.encode(),
+                        )
+                    })
+                    .collect(),
             )
         })
         .collect();
@@ -190,6 +240,7 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                 flags,
                 spent,
                 critical,
+                calls,
             )| {
                 let mut parsed = [0; COUNTED.len()];
                 for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
@@ -229,6 +280,36 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                             dominant,
                         })
                         .unwrap_or_default(),
+                    calls: calls
+                        .into_iter()
+                        .map(
+                            |(
+                                service,
+                                operation,
+                                calls,
+                                counts,
+                                forwarded,
+                                left,
+                                latency,
+                                short,
+                            )| {
+                                let mut parsed = [0; EDGE_COUNTED.len()];
+                                for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
+                                    *slot = value.parse().unwrap_or(0);
+                                }
+                                EdgeSample {
+                                    callee_service: service,
+                                    callee_operation: operation,
+                                    calls,
+                                    counts: parsed,
+                                    forwarded: Histogram::decode(&forwarded),
+                                    left: Histogram::decode(&left),
+                                    latency: Histogram::decode(&latency),
+                                    shortfall: Histogram::decode(&short),
+                                }
+                            },
+                        )
+                        .collect(),
                 }
             },
         )
@@ -463,6 +544,7 @@ mod tests {
                     flags: Default::default(),
                     spent: None,
                     critical: Default::default(),
+                    calls: Vec::new(),
                 }
             };
         vec![
@@ -552,22 +634,19 @@ mod tests {
         assert_eq!(
             rollup_ranges(since, until, true),
             [
-                ("hop_rollups_hourly", 11 * HOUR_NANOS, 14 * HOUR_NANOS),
-                ("hop_rollups", since, 11 * HOUR_NANOS),
-                ("hop_rollups", 14 * HOUR_NANOS, until),
+                (true, 11 * HOUR_NANOS, 14 * HOUR_NANOS),
+                (false, since, 11 * HOUR_NANOS),
+                (false, 14 * HOUR_NANOS, until),
             ]
         );
-        assert_eq!(
-            rollup_ranges(since, until, false),
-            [("hop_rollups", since, until)]
-        );
+        assert_eq!(rollup_ranges(since, until, false), [(false, since, until)]);
         assert_eq!(
             rollup_ranges(since, 10 * HOUR_NANOS + 50 * minute, true),
-            [("hop_rollups", since, 10 * HOUR_NANOS + 50 * minute)]
+            [(false, since, 10 * HOUR_NANOS + 50 * minute)]
         );
         assert_eq!(
             rollup_ranges(10 * HOUR_NANOS, 12 * HOUR_NANOS, true),
-            [("hop_rollups_hourly", 10 * HOUR_NANOS, 12 * HOUR_NANOS)]
+            [(true, 10 * HOUR_NANOS, 12 * HOUR_NANOS)]
         );
     }
 }

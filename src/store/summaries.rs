@@ -8,12 +8,13 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::backend::Backend;
+use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
 use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
 use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
 use crate::core::analyze::AnalysisVersion;
-use crate::core::analyze::hops::RollupKey;
 use crate::core::analyze::hops::{HopSample, Rollup};
+use crate::core::analyze::hops::{RollupKey, add_edges};
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::TraceId;
 
@@ -44,6 +45,7 @@ where
     for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -100,6 +102,7 @@ where
     // What each trace contributed before (a late span, a re-analysis) comes back out; its
     // terms go.
     let mut deltas = BTreeMap::new();
+    let mut edges = BTreeMap::new();
     for chunk in replaced.chunks(CHUNK) {
         let ids = || chunk.iter().map(|id| id.0.to_vec());
         let mut old =
@@ -107,7 +110,9 @@ where
         push_list(&mut old, ids());
         let old: Vec<(String,)> = old.build_query_as().fetch_all(&mut *conn).await?;
         for (hops,) in old {
-            add_samples(&mut deltas, &decode_hops(&hops), -1);
+            let hops = decode_hops(&hops);
+            add_samples(&mut deltas, &hops, -1);
+            add_edges(&mut edges, &hops, -1);
         }
         let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM trace_terms WHERE trace_id IN ");
         push_list(&mut delete, ids());
@@ -128,6 +133,7 @@ where
     }
     for (_, hops) in &traces {
         add_samples(&mut deltas, hops, 1);
+        add_edges(&mut edges, hops, 1);
     }
     let new_terms: Vec<(String, i64, Vec<u8>)> = traces
         .iter()
@@ -156,6 +162,14 @@ where
         conn,
         "hop_rollups_hourly",
         &hourly(&minutes),
+        B::ROLLUP_CHUNK,
+    )
+    .await?;
+    apply_edges::<B::Db>(conn, "edge_rollups", &edges, B::ROLLUP_CHUNK).await?;
+    apply_edges::<B::Db>(
+        conn,
+        "edge_rollups_hourly",
+        &edges::hourly(&edges),
         B::ROLLUP_CHUNK,
     )
     .await?;
@@ -352,7 +366,13 @@ where
         delete.push_bind(i64::from(limit)).push(")");
         delete.build().execute(&mut *conn).await?;
     }
-    for table in ["hop_rollups", "hop_rollups_hourly", "hop_metrics"] {
+    for table in [
+        "hop_rollups",
+        "hop_rollups_hourly",
+        "edge_rollups",
+        "edge_rollups_hourly",
+        "hop_metrics",
+    ] {
         let mut delete =
             QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
         delete.push_bind(cutoff);

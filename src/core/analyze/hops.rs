@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::collections::{HashMap, HashSet};
 
 use super::{Analysis, Exceed, Flag, Outcome, Role};
-use crate::core::model::{Span, TraceId};
+use crate::core::model::{Span, SpanId, TraceId};
 
 /// Buckets per doubling.
 const BUCKETS_PER_OCTAVE: f64 = 8.0;
@@ -150,6 +150,217 @@ pub struct HopSample {
     /// Set when the hop arrived with its budget already spent.
     pub spent: Option<SpentArrival>,
     pub critical: CriticalSample,
+    /// The calls the hop made, one sample per callee.
+    pub calls: Vec<EdgeSample>,
+}
+
+/// What one hop's calls to one callee contributed: the edge statistics of the service map
+/// (docs/budget-semantics.md, "Edges").
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EdgeSample {
+    /// The callee's hop identity; for a call that reached no instrumented hop, its peer as
+    /// the call span names it (`server.address`, `peer.service`, `rpc.service`, else the
+    /// span name) and an empty operation.
+    pub callee_service: String,
+    pub callee_operation: String,
+    /// Call spans (attempts) and, of them, each kind counted in `EDGE_COUNTED` order.
+    pub calls: i64,
+    pub counts: [i64; EDGE_COUNTED.len()],
+    /// Per call: the budget it forwarded, what its caller had left, its duration, and for
+    /// an instrumented callee with a budget, forwarded − network time − received.
+    pub forwarded: Histogram,
+    pub left: Histogram,
+    pub latency: Histogram,
+    pub shortfall: Histogram,
+}
+
+/// What an edge counts per call: `inflated` (the call forwarded more than was left, or the
+/// callee took more than it was sent), `clamped` (the callee received less than was
+/// forwarded, beyond the network time and τ), `dropped`, `doomed`, `retry`, `unsafe_retry`.
+pub const EDGE_COUNTED: [&str; 6] = [
+    "inflated",
+    "clamped",
+    "dropped",
+    "doomed",
+    "retry",
+    "unsafe_retry",
+];
+
+impl EdgeSample {
+    fn count(&mut self, name: &str) {
+        if let Some(i) = EDGE_COUNTED.iter().position(|n| *n == name) {
+            self.counts[i] += 1;
+        }
+    }
+}
+
+/// Per call edge (caller hop identity → callee) and minute: `EdgeSample`s added up.
+/// `add` with weight −1 removes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EdgeRollup {
+    /// Requests of the caller that made these calls (attempts per request: calls ÷ this).
+    pub requests: i64,
+    pub calls: i64,
+    pub counts: [i64; EDGE_COUNTED.len()],
+    pub forwarded: Histogram,
+    pub left: Histogram,
+    pub latency: Histogram,
+    pub shortfall: Histogram,
+}
+
+/// (caller service, caller operation, callee service, callee operation, minute).
+pub type EdgeKey = (String, String, String, String, u64);
+
+impl EdgeRollup {
+    pub fn add(&mut self, sample: &EdgeSample, weight: i64) {
+        self.requests += weight;
+        self.calls += weight * sample.calls;
+        for (total, count) in self.counts.iter_mut().zip(sample.counts) {
+            *total += weight * count;
+        }
+        for (total, part) in [
+            (&mut self.forwarded, &sample.forwarded),
+            (&mut self.left, &sample.left),
+            (&mut self.latency, &sample.latency),
+            (&mut self.shortfall, &sample.shortfall),
+        ] {
+            if weight >= 0 {
+                total.merge(part);
+            } else {
+                total.unmerge(part);
+            }
+        }
+    }
+
+    pub fn merge(&mut self, other: &EdgeRollup) {
+        self.requests += other.requests;
+        self.calls += other.calls;
+        for (total, count) in self.counts.iter_mut().zip(other.counts) {
+            *total += count;
+        }
+        self.forwarded.merge(&other.forwarded);
+        self.left.merge(&other.left);
+        self.latency.merge(&other.latency);
+        self.shortfall.merge(&other.shortfall);
+    }
+
+    pub fn count(&self, name: &str) -> i64 {
+        EDGE_COUNTED
+            .iter()
+            .position(|n| *n == name)
+            .map_or(0, |i| self.counts[i])
+    }
+}
+
+/// Adds the edge samples of hop samples (weight +1) or takes them back out (−1).
+pub fn add_edges(deltas: &mut BTreeMap<EdgeKey, EdgeRollup>, samples: &[HopSample], weight: i64) {
+    for sample in samples {
+        for edge in &sample.calls {
+            let key = (
+                sample.service.clone(),
+                sample.operation.clone(),
+                edge.callee_service.clone(),
+                edge.callee_operation.clone(),
+                minute_of(sample.start_unix_nano),
+            );
+            deltas.entry(key).or_default().add(edge, weight);
+        }
+    }
+}
+
+/// The edge samples of each hop, by the hop's span index.
+fn edge_samples(
+    spans: &[Span],
+    analysis: &Analysis,
+    tolerance_ms: f64,
+) -> BTreeMap<usize, Vec<EdgeSample>> {
+    let row_of: HashMap<usize, usize> = analysis
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| (row.span, r))
+        .collect();
+    let mut span_index: HashMap<SpanId, usize> = HashMap::new();
+    for (i, span) in spans.iter().enumerate() {
+        span_index.entry(span.span_id).or_insert(i);
+    }
+    // The first hop under each call, in waterfall order.
+    let mut callee_of: HashMap<usize, usize> = HashMap::new();
+    for (r, row) in analysis.rows.iter().enumerate() {
+        let parent = spans[row.span]
+            .parent_span_id
+            .and_then(|p| span_index.get(&p))
+            .and_then(|p| row_of.get(p));
+        if row.role == Role::Hop
+            && let Some(&call) = parent
+            && analysis.rows[call].role == Role::Call
+        {
+            callee_of.entry(call).or_insert(r);
+        }
+    }
+    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeSample>> = BTreeMap::new();
+    for (c, call) in analysis.rows.iter().enumerate() {
+        let Some(owner) = call.owner.filter(|_| call.role == Role::Call) else {
+            continue;
+        };
+        let callee = callee_of.get(&c).map(|&h| &analysis.rows[h]);
+        let key = match callee {
+            Some(hop) => (
+                spans[hop.span].service.clone(),
+                spans[hop.span].name.clone(),
+            ),
+            None => (super::rules::peer_label(&spans[call.span]), String::new()),
+        };
+        let edge = by_hop.entry(owner).or_default().entry(key).or_default();
+        edge.calls += 1;
+        let has = |row: &super::Row, flag: Flag| row.flags.iter().any(|f| f.flag == flag);
+        if has(call, Flag::Inflated) || callee.is_some_and(|h| has(h, Flag::Inflated)) {
+            edge.count("inflated");
+        }
+        for (flag, name) in [
+            (Flag::Doomed, "doomed"),
+            (Flag::Retry, "retry"),
+            (Flag::UnsafeRetry, "unsafe_retry"),
+        ] {
+            if has(call, flag) {
+                edge.count(name);
+            }
+        }
+        if callee.is_some_and(|h| has(h, Flag::Dropped)) {
+            edge.count("dropped");
+        }
+        if let Some(forwarded) = call.budget_ms {
+            edge.forwarded.record(forwarded, 1);
+            if let Some(hop) = callee
+                && let Some(received) = hop.budget_ms
+            {
+                let network = (hop.start_offset_ms - call.start_offset_ms).max(0.0);
+                let shortfall = forwarded - network - received;
+                edge.shortfall.record(shortfall, 1);
+                if shortfall > tolerance_ms {
+                    edge.count("clamped");
+                }
+            }
+        }
+        if let Some(left) = call.available_ms {
+            edge.left.record(left, 1);
+        }
+        edge.latency.record(call.duration_ms, 1);
+    }
+    by_hop
+        .into_iter()
+        .map(|(owner, edges)| {
+            let edges = edges
+                .into_iter()
+                .map(|((service, operation), mut edge)| {
+                    edge.callee_service = service;
+                    edge.callee_operation = operation;
+                    edge
+                })
+                .collect();
+            (owner, edges)
+        })
+        .collect()
 }
 
 /// A hop's part in one request's critical path (docs/budget-semantics.md, "The critical
@@ -235,6 +446,7 @@ fn counted_index(flag: Flag) -> Option<usize> {
 /// for the hop that made it; an origin counts for its own hop.
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
     let spent = spent_arrivals(spans, analysis);
+    let mut calls = edge_samples(spans, analysis, analysis.tolerance_ms);
     let exceeded = analysis.outcome == Outcome::Exceeded;
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
     for (r, row) in analysis.rows.iter().enumerate() {
@@ -261,6 +473,7 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
                     on_path: row.critical_ms.is_some(),
                     dominant: analysis.critical_hop == Some(r),
                 },
+                calls: calls.remove(&row.span).unwrap_or_default(),
             },
         );
     }
@@ -681,6 +894,72 @@ edge server "GET /" 0 1200 budget=1000
             (1, 1)
         );
         assert_eq!(Rollup::default().critical.share(), None);
+    }
+
+    #[test]
+    fn each_hop_counts_its_calls_per_callee() {
+        let spans = parse(
+            r#"
+edge server "GET /" 0 900 budget=1000
+  edge client "GET /stock" 10 100 budget=990 http-status=504
+    inventory server "GET /stock" 12 96 budget=988 http-status=504
+  edge client "GET /stock" 120 200 budget=870
+    inventory server "GET /stock" 121 198 budget=400
+  edge client "GET /price" 330 50 budget=5000
+    pricing server "GET /price" 331 48
+  edge client "SELECT" 400 20 attr:server.address=db.internal
+"#,
+        );
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let edge = &samples(&spans, &analysis)[0];
+        let calls: Vec<(&str, &str, i64)> = edge
+            .calls
+            .iter()
+            .map(|e| {
+                (
+                    e.callee_service.as_str(),
+                    e.callee_operation.as_str(),
+                    e.calls,
+                )
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("db.internal", "", 1),
+                ("inventory", "GET /stock", 2),
+                ("pricing", "GET /price", 1),
+            ]
+        );
+        let stock = &edge.calls[1];
+        let counted = |e: &EdgeSample| -> Vec<&str> {
+            EDGE_COUNTED
+                .iter()
+                .zip(e.counts)
+                .filter(|(_, n)| *n > 0)
+                .map(|(name, _)| *name)
+                .collect()
+        };
+        // The second attempt's callee got 400 ms of the 870 sent: a gateway cut it.
+        assert_eq!(counted(stock), ["clamped", "retry"]);
+        assert_eq!(stock.forwarded.count(), 2);
+        assert_eq!(stock.shortfall.count(), 2);
+        // 5000 ms sent with about 670 left, and the callee has no budget.
+        assert_eq!(counted(&edge.calls[2]), ["inflated", "dropped"]);
+        assert!(counted(&edge.calls[0]).is_empty());
+        assert_eq!(edge.calls[0].latency.count(), 1);
+
+        let mut deltas = BTreeMap::new();
+        let all = samples(&spans, &analysis);
+        add_edges(&mut deltas, &all, 1);
+        assert_eq!(deltas.len(), 3);
+        let rollup = deltas
+            .values()
+            .find(|r| r.calls == 2)
+            .expect("the inventory edge");
+        assert_eq!((rollup.requests, rollup.count("retry")), (1, 1));
+        add_edges(&mut deltas, &all, -1);
+        assert!(deltas.values().all(|r| *r == EdgeRollup::default()));
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Default for AnalyzeOptions {
 /// index term or a hop sample holds): summaries store it, and a server that finds summaries
 /// analysed under other rules re-analyses them (docs/budget-semantics.md, "When the rules
 /// change").
-pub const RULES_VERSION: u32 = 3;
+pub const RULES_VERSION: u32 = 4;
 
 /// What a stored analysis was produced with: the rules' version and τ.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -38,11 +38,7 @@ impl Facts<'_> {
         if let Some(h) = self.tree.child_hops(c).next() {
             return self.spans[h].service.clone();
         }
-        let span = &self.spans[c];
-        ["server.address", "peer.service", "rpc.service"]
-            .iter()
-            .find_map(|key| text(span, key))
-            .unwrap_or_else(|| span.name.clone())
+        peer_label(&self.spans[c])
     }
 
     /// The retry target (docs/budget-semantics.md, "retry").
@@ -96,6 +92,15 @@ fn read<'a>(span: &'a Span, key: &str) -> Option<&'a AttrValue> {
         "{key} is not in ATTRIBUTES_READ"
     );
     attr(&span.attributes, key)
+}
+
+/// Who a call without an instrumented callee talks to: what the call span says about its
+/// peer, else its name.
+pub(super) fn peer_label(span: &Span) -> String {
+    ["server.address", "peer.service", "rpc.service"]
+        .iter()
+        .find_map(|key| text(span, key))
+        .unwrap_or_else(|| span.name.clone())
 }
 
 fn text(span: &Span, key: &str) -> Option<String> {
