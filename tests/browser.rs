@@ -68,12 +68,12 @@ fn start_driver(chromedriver: &Path) -> Driver {
     driver
 }
 
-/// edge (800 ms budget) → inventory, which takes 1.2 s: exported by the real SDK with
-/// explicit times ending a few seconds ago. Returns (trace id, inventory span id).
-fn export_slow_inventory(endpoint: String) -> (String, String) {
+/// edge (800 ms budget) → inventory, which takes `inventory_ms`: exported by the real SDK
+/// with explicit times starting `ago` seconds ago. Returns (trace id, inventory span id).
+fn export_checkout(endpoint: String, ago: u64, inventory_ms: u64) -> (String, String) {
     let edge = common::otel_provider(&endpoint, "edge");
     let inventory = common::otel_provider(&endpoint, "inventory");
-    let t0 = SystemTime::now() - Duration::from_secs(8);
+    let t0 = SystemTime::now() - Duration::from_secs(ago);
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let tracer = edge.tracer("browser-test");
     let hop = tracer
@@ -108,10 +108,10 @@ fn export_slow_inventory(endpoint: String) -> (String, String) {
         .start_with_context(&inventory_tracer, &call_cx);
     served.add_event("cache miss", vec![KeyValue::new("key", "sku-42")]);
     let span_id = served.span_context().span_id().to_string();
-    served.end_with_timestamp(at(1222));
-    call_cx.span().end_with_timestamp(at(1225));
+    served.end_with_timestamp(at(22 + inventory_ms));
+    call_cx.span().end_with_timestamp(at(25 + inventory_ms));
     let trace_id = cx.span().span_context().trace_id().to_string();
-    cx.span().end_with_timestamp(at(1230));
+    cx.span().end_with_timestamp(at(30 + inventory_ms));
     inventory.shutdown().unwrap();
     edge.shutdown().unwrap();
     (trace_id, span_id)
@@ -247,8 +247,13 @@ async fn the_ui_in_a_real_browser() {
     )
     .await;
     let endpoint = format!("http://{}", server.otlp_http_addr);
+    // A request of the same endpoint within budget, then the slow one (inventory 1.2 s).
+    let healthy_endpoint = endpoint.clone();
+    tokio::task::spawn_blocking(move || export_checkout(healthy_endpoint, 40, 100))
+        .await
+        .unwrap();
     let (trace_id, inventory_span) =
-        tokio::task::spawn_blocking(move || export_slow_inventory(endpoint))
+        tokio::task::spawn_blocking(move || export_checkout(endpoint, 8, 1200))
             .await
             .unwrap();
     // Background traffic so the charts and tables have content.
@@ -298,6 +303,23 @@ async fn the_ui_in_a_real_browser() {
     client.goto(&format!("{base}/?range=1h")).await.unwrap();
     wait_for(&client, "table.hops").await;
     assert_eq!(client.title().await.unwrap(), "Overview · budgetscope");
+    // Every flag shows on the overview: counted per hop, or as a search.
+    let columns = client
+        .find(Locator::Css("table.hops thead"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for column in ["Doomed", "Refused", "Retries", "Wasted time"] {
+        assert!(columns.contains(column), "{column} in {columns}");
+    }
+    for flag in ["unsafe_retry", "missing_parent"] {
+        client
+            .find(Locator::Css(&format!(r#"a[href*="flag={flag}"]"#)))
+            .await
+            .unwrap_or_else(|_| panic!("the overview links the {flag} search"));
+    }
     screenshot(&client, "overview.png").await;
     client
         .find(Locator::Css(
@@ -355,6 +377,55 @@ async fn the_ui_in_a_real_browser() {
     }
     client.back().await.unwrap();
     wait_for(&client, "table.hops").await;
+
+    // The service map, from the main navigation: edge calls inventory (among the other
+    // tests' services), drawn and listed.
+    click(&client, r#"header nav a[href="/map"]"#).await;
+    wait_for(&client, "svg.map").await;
+    let drawn = client
+        .execute(
+            "const svg = document.querySelector('svg.map');\
+             const edge = svg.querySelector('.edge path');\
+             return [svg.querySelectorAll('.node rect').length,\
+                     edge.getBoundingClientRect().width,\
+                     getComputedStyle(edge).stroke];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(drawn[0].as_u64().unwrap() >= 2, "the services: {drawn}");
+    assert!(
+        drawn[1].as_f64().unwrap() > 50.0,
+        "the arrow is drawn: {drawn}"
+    );
+    assert_ne!(drawn[2], "none", "{drawn}");
+    let edges = client
+        .find(Locator::Css("#edges-h + .table-wrap tbody"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        edges.contains("edge") && edges.contains("inventory"),
+        "{edges}"
+    );
+    screenshot(&client, "map.png").await;
+    click(&client, "#group-toggle").await;
+    wait_for_url(&client, "the map by operation", |url| {
+        url.contains("group=operation")
+    })
+    .await;
+    wait_for(&client, "svg.map").await;
+    client
+        .find(Locator::Css(r#"svg.map a.node[href^="/hops/inventory/"]"#))
+        .await
+        .expect("an operation node opens its hop page");
+    client.back().await.unwrap();
+    wait_for_url(&client, "the map by service", |url| {
+        !url.contains("group=operation")
+    })
+    .await;
 
     // Search: exceeded traces of inventory, with the form.
     client.goto(&format!("{base}/traces")).await.unwrap();
@@ -494,6 +565,54 @@ async fn the_ui_in_a_real_browser() {
     .await;
     wait_for(&client, ".waterfall").await;
     assert_eq!(marked(&client).await, 3, "back shows it again");
+
+    // Beside a typical request of the same endpoint: the healthy one exported first.
+    click(&client, "#compare-typical").await;
+    wait_for(&client, "table.compare").await;
+    let told = client
+        .find(Locator::Css("ul.differences"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        told.contains("inventory GET /stock spent 1.1 s less on its own work in B"),
+        "{told}"
+    );
+    let marked_cells = client
+        .execute(
+            "return Array.from(document.querySelectorAll('table.compare td.diff'))\
+             .filter(c => getComputedStyle(c).backgroundColor !== 'rgba(0, 0, 0, 0)').length;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(marked_cells.as_u64().unwrap() >= 2, "{marked_cells}");
+    screenshot(&client, "compare.png").await;
+    // The healthy request: 130 ms on the axis, budgets of about 800 ms. Each budget band
+    // ends at the axis' end instead of running over the numbers beside it.
+    click(&client, "#b-h a").await;
+    wait_for(&client, ".waterfall").await;
+    let overflow = client
+        .execute(
+            "return Array.from(document.querySelectorAll('.wf-bar .win')).map(w =>\
+             w.getBoundingClientRect().right - w.parentElement.getBoundingClientRect().right);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let bands = overflow.as_array().unwrap();
+    assert!(!bands.is_empty(), "budget bands are drawn");
+    assert!(
+        // Within a pixel: left and width are each rounded to a thousandth of the column.
+        bands.iter().all(|px| px.as_f64().unwrap() <= 1.0),
+        "a band runs past the bar column: {overflow}"
+    );
+    client.back().await.unwrap();
+    wait_for(&client, "table.compare").await;
+    client.back().await.unwrap();
+    wait_for(&client, ".waterfall").await;
 
     // Raw times, then back to the adjusted view with the browser's back button.
     client

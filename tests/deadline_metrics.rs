@@ -129,7 +129,8 @@ async fn sdk_exporters_deliver_the_deadline_metrics_to_the_hop_page() {
             let page = get_text(&server, &format!("/hops/{service}/POST%20%2Fpay")).await;
             assert!(
                 page.contains(
-                    "metrics: 5 local exceeds, 4 inherited, 2 requests; traces: 0 sampled"
+                    "metrics (every request, as the service saw it): 5 local exceeds, 4 inherited, \
+                     2 requests; traces (sampled, analysed): 0 local exceeds"
                 ),
                 "{context}: {page}"
             );
@@ -161,7 +162,7 @@ async fn sdk_exporters_deliver_the_deadline_metrics_to_the_hop_page() {
                 "{context}: {series}"
             );
             let overview = get_text(&server, "/").await;
-            assert!(overview.contains("metrics: 5 local exceeds"), "{context}");
+            assert!(overview.contains("as the service saw it): 5 local exceeds"), "{context}");
             let exposition = get_text(&server, "/metrics").await;
             assert!(
                 exposition.contains("budgetscope_deadline_metric_points_stored_total"),

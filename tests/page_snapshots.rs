@@ -102,6 +102,7 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         budgetscope
         Overview
         Traces
+        Map
         Alerts
         Trace id
         Open
@@ -121,6 +122,7 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         Find
         Download OTLP JSON
         API JSON
+        Compare with a typical request within budget
         Service and span (skew-adjusted)
         0.0 ms 385 ms 770 ms 1.16 s 1.54 s
         Duration
@@ -161,6 +163,7 @@ async fn the_hop_page_says_how_its_requests_went() {
             budgetscope
             Overview
             Traces
+            Map
             Alerts
             Trace id
             Open
@@ -217,6 +220,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         budgetscope
         Overview
         Traces
+        Map
         Alerts
         Trace id
         Open
@@ -247,7 +251,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         What the flags mean
         inflated forwarded more budget than it had left dropped called on without passing a budget overspent kept working past its own deadline inherited exceed arrived with its budget already spent upstream local exceed its deadline passed while it was working doomed called on when its own budget was already spent refused declined work it could not finish in time (good) retry a repeated call to the same target unsafe retry retried a non-idempotent call wasted kept working after its caller gave up missing parent its parent span was never received
         Hops
-        Service Operation Requests Local exceed ▼ Inherited exceed Overspent Inflated Dropped Wasted Budget p50 Budget p95 Burn p95
+        Service Operation Requests Local exceed ▼ Inherited exceed Overspent Inflated Dropped Doomed Refused Retries Budget p50 Budget p95 Burn p95 Wasted time
         edge
         GET /checkout
         2
@@ -256,10 +260,13 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         1
         1
         0
-        0.0 ms
+        0
+        0
+        0
         793 ms
         793 ms
         4.8 %
+        0.0 ms
         inventory
         GET /stock
         2
@@ -268,10 +275,14 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         0
         0
         0
-        0.0 ms
+        0
+        0
+        0
         727 ms
         4.89 s
         184 %
+        0.0 ms
+        Two flags are not counted per hop, being about a request rather than a hop's budget: traces with an unsafe retry (retried without an idempotency key after an unknown outcome) and traces with a missing parent (a span whose parent never arrived). Deadline metrics under a hop count what the service saw itself, for every request; the traces are sampled, but their analysis also finds exceeds a service cannot see itself (a deadline that passed while it waited on a call, an unattributed overrun), so they can count more.
         budgetscope · times in UTC · What the flags mean · Instrumenting a service · JSON API"#]]).await;
     check(
         &state,
@@ -282,6 +293,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
             budgetscope
             Overview
             Traces
+            Map
             Alerts
             Trace id
             Open

@@ -20,7 +20,10 @@ const MAX_POINTS: u64 = 10_000;
 const MINUTE: u64 = 60_000_000_000;
 
 /// `since` and `until` (default: the last hour), validated.
-fn time_range(params: &BTreeMap<String, String>, now: u64) -> Result<(u64, u64), ApiError> {
+pub(super) fn time_range(
+    params: &BTreeMap<String, String>,
+    now: u64,
+) -> Result<(u64, u64), ApiError> {
     let bad = |name: &str, message: String| {
         ApiError::bad_request("invalid_parameter", format!("parameter {name}: {message}"))
     };

@@ -21,6 +21,7 @@ pub mod charts;
 pub mod error;
 pub mod hops;
 pub mod jaeger;
+pub mod map;
 pub mod pages;
 pub mod read;
 pub mod search;
@@ -146,6 +147,7 @@ pub fn app(state: AppState) -> Router {
         .route("/api/traces/{trace_id}", get(api::trace))
         .route("/api/traces/{trace_id}/otlp", get(api::trace_otlp))
         .route("/api/hops", get(hops::hops))
+        .route("/api/map", get(map::map))
         .route("/api/hops/{service}/{operation}/series", get(hops::series))
         .route("/api/alerts", get(alerts::instances))
         .route(
@@ -177,6 +179,8 @@ pub fn app(state: AppState) -> Router {
         .route("/api/services", get(api::services))
         .route("/api/services/{service}/operations", get(api::operations))
         .route("/", get(pages::overview::overview))
+        .route("/map", get(pages::map::map))
+        .route("/compare", get(pages::compare::compare))
         .route("/traces", get(pages::traces::traces))
         .route("/traces/go", get(pages::traces::go))
         .route("/traces/{trace_id}", get(pages::trace::trace))

@@ -8,10 +8,12 @@
 
 pub mod alert_forms;
 pub mod alerts;
+pub mod compare;
 pub mod escape;
 pub mod help;
 pub mod hop;
 pub mod large_trace;
+pub mod map;
 pub mod overview;
 pub mod trace;
 pub mod traces;
@@ -183,13 +185,15 @@ pub fn fmt_count(n: i64) -> String {
     if n < 0 { format!("-{out}") } else { out }
 }
 
-/// "metrics: 1,204 local exceeds; traces: 37 sampled": a hop's deadline metrics beside
+/// "metrics (every request, as the service saw it): 1,204 local exceeds, …; traces (sampled,
+/// analysed): 37 local exceeds": a hop's deadline metrics beside
 /// the local exceeds its traces show; `None` when it exported none.
 pub fn reported_line(rollup: &crate::core::analyze::hops::Rollup) -> Option<String> {
     let r = &rollup.reported;
     (!r.is_empty()).then(|| {
         format!(
-            "metrics: {} local exceeds, {} inherited, {} requests; traces: {} sampled",
+            "metrics (every request, as the service saw it): {} local exceeds, {} inherited, \
+             {} requests; traces (sampled, analysed): {} local exceeds",
             fmt_count(r.local_exceeds),
             fmt_count(r.inherited_exceeds),
             fmt_count(r.received_count),

@@ -19,7 +19,9 @@ use crate::pipeline::status::Status;
 use crate::web::AppState;
 
 /// Sortable columns: (URL key, header, default order descending?).
-const COLUMNS: [(&str, &str, bool); 12] = [
+/// The hops table: every flag a hop's statistics count, then the times (`wasted` is time,
+/// so it stands with the times, not among the counts).
+const COLUMNS: [(&str, &str, bool); 15] = [
     ("service", "Service", false),
     ("operation", "Operation", false),
     ("requests", "Requests", true),
@@ -28,10 +30,13 @@ const COLUMNS: [(&str, &str, bool); 12] = [
     ("overspent", "Overspent", true),
     ("inflated", "Inflated", true),
     ("dropped", "Dropped", true),
-    ("wasted_ms", "Wasted", true),
+    ("doomed", "Doomed", true),
+    ("refused", "Refused", true),
+    ("retry", "Retries", true),
     ("budget_p50", "Budget p50", true),
     ("budget_p95", "Budget p95", true),
     ("burn_p95", "Burn p95", true),
+    ("wasted_ms", "Wasted time", true),
 ];
 
 pub struct Header {
@@ -52,6 +57,9 @@ pub struct HopRow {
     pub overspent: i64,
     pub inflated: i64,
     pub dropped: i64,
+    pub doomed: i64,
+    pub refused: i64,
+    pub retry: i64,
     pub wasted: String,
     pub budget_p50: String,
     pub budget_p95: String,
@@ -111,6 +119,9 @@ pub struct OverviewPage {
     pub total_origins: i64,
     pub legend: Vec<Badge>,
     pub exceeded_href: String,
+    /// The searches for the two flags not counted per hop.
+    pub unsafe_retry_href: String,
+    pub missing_parent_href: String,
     /// Firing alert instances (filled by the handler).
     pub firing: Vec<super::alerts::InstanceRow>,
     /// Set when analysis is more than a minute behind (filled by the handler).
@@ -197,10 +208,13 @@ pub fn build(
                 r.count("overspent") as f64,
                 r.count("inflated") as f64,
                 r.count("dropped") as f64,
-                r.wasted_ms,
+                r.count("doomed") as f64,
+                r.count("refused") as f64,
+                r.count("retry") as f64,
                 q(&r.budget, 0.5).unwrap_or(f64::NEG_INFINITY),
                 q(&r.budget, 0.95).unwrap_or(f64::NEG_INFINITY),
                 q(&r.burn, 0.95).unwrap_or(f64::NEG_INFINITY),
+                r.wasted_ms,
             ];
             (
                 HopRow {
@@ -213,6 +227,9 @@ pub fn build(
                     overspent: r.count("overspent"),
                     inflated: r.count("inflated"),
                     dropped: r.count("dropped"),
+                    doomed: r.count("doomed"),
+                    refused: r.count("refused"),
+                    retry: r.count("retry"),
                     wasted: fmt_duration(r.wasted_ms),
                     budget_p50: fmt_opt_duration(q(&r.budget, 0.5)),
                     budget_p95: fmt_opt_duration(q(&r.budget, 0.95)),
@@ -341,6 +358,8 @@ pub fn build(
         })
         .collect();
     let exceeded_href = range.search_href(&[("outcome", "exceeded")]);
+    let unsafe_retry_href = range.search_href(&[("flag", "unsafe_retry")]);
+    let missing_parent_href = range.search_href(&[("flag", "missing_parent")]);
     OverviewPage {
         nav: "overview",
         range_links: range.links("/", &[]),
@@ -361,6 +380,8 @@ pub fn build(
         total_origins,
         legend,
         exceeded_href,
+        unsafe_retry_href,
+        missing_parent_href,
         firing: Vec::new(),
         behind: None,
         reanalysing: None,

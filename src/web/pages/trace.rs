@@ -371,7 +371,11 @@ pub fn build(id: TraceId, spans: &[Span], options: &AnalyzeOptions, view: &View)
                     String::new()
                 },
                 window_left: permille(at(start)),
-                window_width: permille(at(deadline.map_or(0.0, |d| (d - start).max(0.0)))),
+                // A deadline past the axis (a budget longer than the trace) ends the band
+                // at the axis' end: it never runs into the numbers beside the bars.
+                window_width: permille(at(
+                    deadline.map_or(0.0, |d| (d.min(scale) - start).max(0.0))
+                )),
                 has_window: deadline.is_some_and(|d| d > start),
                 duration: fmt_duration(row.duration_ms),
                 budget: fmt_opt_duration(row.budget_ms),
