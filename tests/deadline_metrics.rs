@@ -162,7 +162,10 @@ async fn sdk_exporters_deliver_the_deadline_metrics_to_the_hop_page() {
                 "{context}: {series}"
             );
             let overview = get_text(&server, "/").await;
-            assert!(overview.contains("as the service saw it): 5 local exceeds"), "{context}");
+            assert!(
+                overview.contains("as the service saw it): 5 local exceeds"),
+                "{context}"
+            );
             let exposition = get_text(&server, "/metrics").await;
             assert!(
                 exposition.contains("budgetscope_deadline_metric_points_stored_total"),

@@ -239,7 +239,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         Interval Local Inherited
         22:13 1 0
         Where the budget ran out
-        Exceeded requests by origin hop: where the budget ran out, not where it was noticed (hops called after it only inherited the exceed). How origins are found
+        Exceeded requests by origin hop: where the budget ran out, not where it was noticed (hops called after it only inherited the exceed). How origins are found · How budget flows between services: the map
         edge GET /checkout
         1 exceeded request ran out here
         Top budget burners

@@ -203,16 +203,17 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                         (
                             edge.callee_service.clone(),
                             edge.callee_operation.clone(),
-                            edge.calls,
-                            edge.counts
+                            edge.stats.calls,
+                            edge.stats
+                                .counts
                                 .iter()
                                 .map(i64::to_string)
                                 .collect::<Vec<_>>()
                                 .join(","),
-                            edge.forwarded.encode(),
-                            edge.left.encode(),
-                            edge.latency.encode(),
-                            edge.shortfall.encode(),
+                            edge.stats.forwarded.encode(),
+                            edge.stats.left.encode(),
+                            edge.stats.latency.encode(),
+                            edge.stats.shortfall.encode(),
                         )
                     })
                     .collect(),
@@ -300,12 +301,15 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                                 EdgeSample {
                                     callee_service: service,
                                     callee_operation: operation,
-                                    calls,
-                                    counts: parsed,
-                                    forwarded: Histogram::decode(&forwarded),
-                                    left: Histogram::decode(&left),
-                                    latency: Histogram::decode(&latency),
-                                    shortfall: Histogram::decode(&short),
+                                    stats: EdgeRollup {
+                                        requests: 1,
+                                        calls,
+                                        counts: parsed,
+                                        forwarded: Histogram::decode(&forwarded),
+                                        left: Histogram::decode(&left),
+                                        latency: Histogram::decode(&latency),
+                                        shortfall: Histogram::decode(&short),
+                                    },
                                 }
                             },
                         )

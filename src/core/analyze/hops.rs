@@ -163,15 +163,8 @@ pub struct EdgeSample {
     /// span name) and an empty operation.
     pub callee_service: String,
     pub callee_operation: String,
-    /// Call spans (attempts) and, of them, each kind counted in `EDGE_COUNTED` order.
-    pub calls: i64,
-    pub counts: [i64; EDGE_COUNTED.len()],
-    /// Per call: the budget it forwarded, what its caller had left, its duration, and for
-    /// an instrumented callee with a budget, forwarded − network time − received.
-    pub forwarded: Histogram,
-    pub left: Histogram,
-    pub latency: Histogram,
-    pub shortfall: Histogram,
+    /// The calls of this one request (`requests` is 1).
+    pub stats: EdgeRollup,
 }
 
 /// What an edge counts per call: `inflated` (the call forwarded more than was left, or the
@@ -186,22 +179,17 @@ pub const EDGE_COUNTED: [&str; 6] = [
     "unsafe_retry",
 ];
 
-impl EdgeSample {
-    fn count(&mut self, name: &str) {
-        if let Some(i) = EDGE_COUNTED.iter().position(|n| *n == name) {
-            self.counts[i] += 1;
-        }
-    }
-}
-
 /// Per call edge (caller hop identity → callee) and minute: `EdgeSample`s added up.
 /// `add` with weight −1 removes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EdgeRollup {
     /// Requests of the caller that made these calls (attempts per request: calls ÷ this).
     pub requests: i64,
+    /// Call spans (attempts) and, of them, each kind counted in `EDGE_COUNTED` order.
     pub calls: i64,
     pub counts: [i64; EDGE_COUNTED.len()],
+    /// Per call: the budget it forwarded, what its caller had left, its duration, and for
+    /// an instrumented callee with a budget, forwarded − network time − received.
     pub forwarded: Histogram,
     pub left: Histogram,
     pub latency: Histogram,
@@ -213,16 +201,25 @@ pub type EdgeKey = (String, String, String, String, u64);
 
 impl EdgeRollup {
     pub fn add(&mut self, sample: &EdgeSample, weight: i64) {
-        self.requests += weight;
-        self.calls += weight * sample.calls;
-        for (total, count) in self.counts.iter_mut().zip(sample.counts) {
+        self.merge_weighted(&sample.stats, weight);
+    }
+
+    pub fn merge(&mut self, other: &EdgeRollup) {
+        self.merge_weighted(other, 1);
+    }
+
+    /// Adds `other` once (weight 1) or takes it back out (−1).
+    fn merge_weighted(&mut self, other: &EdgeRollup, weight: i64) {
+        self.requests += weight * other.requests;
+        self.calls += weight * other.calls;
+        for (total, count) in self.counts.iter_mut().zip(other.counts) {
             *total += weight * count;
         }
         for (total, part) in [
-            (&mut self.forwarded, &sample.forwarded),
-            (&mut self.left, &sample.left),
-            (&mut self.latency, &sample.latency),
-            (&mut self.shortfall, &sample.shortfall),
+            (&mut self.forwarded, &other.forwarded),
+            (&mut self.left, &other.left),
+            (&mut self.latency, &other.latency),
+            (&mut self.shortfall, &other.shortfall),
         ] {
             if weight >= 0 {
                 total.merge(part);
@@ -232,16 +229,10 @@ impl EdgeRollup {
         }
     }
 
-    pub fn merge(&mut self, other: &EdgeRollup) {
-        self.requests += other.requests;
-        self.calls += other.calls;
-        for (total, count) in self.counts.iter_mut().zip(other.counts) {
-            *total += count;
+    fn tally(&mut self, name: &str) {
+        if let Some(i) = EDGE_COUNTED.iter().position(|n| *n == name) {
+            self.counts[i] += 1;
         }
-        self.forwarded.merge(&other.forwarded);
-        self.left.merge(&other.left);
-        self.latency.merge(&other.latency);
-        self.shortfall.merge(&other.shortfall);
     }
 
     pub fn count(&self, name: &str) -> i64 {
@@ -298,7 +289,7 @@ fn edge_samples(
             callee_of.entry(call).or_insert(r);
         }
     }
-    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeSample>> = BTreeMap::new();
+    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeRollup>> = BTreeMap::new();
     for (c, call) in analysis.rows.iter().enumerate() {
         let Some(owner) = call.owner.filter(|_| call.role == Role::Call) else {
             continue;
@@ -312,10 +303,11 @@ fn edge_samples(
             None => (super::rules::peer_label(&spans[call.span]), String::new()),
         };
         let edge = by_hop.entry(owner).or_default().entry(key).or_default();
+        edge.requests = 1;
         edge.calls += 1;
         let has = |row: &super::Row, flag: Flag| row.flags.iter().any(|f| f.flag == flag);
         if has(call, Flag::Inflated) || callee.is_some_and(|h| has(h, Flag::Inflated)) {
-            edge.count("inflated");
+            edge.tally("inflated");
         }
         for (flag, name) in [
             (Flag::Doomed, "doomed"),
@@ -323,11 +315,11 @@ fn edge_samples(
             (Flag::UnsafeRetry, "unsafe_retry"),
         ] {
             if has(call, flag) {
-                edge.count(name);
+                edge.tally(name);
             }
         }
         if callee.is_some_and(|h| has(h, Flag::Dropped)) {
-            edge.count("dropped");
+            edge.tally("dropped");
         }
         if let Some(forwarded) = call.budget_ms {
             edge.forwarded.record(forwarded, 1);
@@ -338,7 +330,7 @@ fn edge_samples(
                 let shortfall = forwarded - network - received;
                 edge.shortfall.record(shortfall, 1);
                 if shortfall > tolerance_ms {
-                    edge.count("clamped");
+                    edge.tally("clamped");
                 }
             }
         }
@@ -352,10 +344,10 @@ fn edge_samples(
         .map(|(owner, edges)| {
             let edges = edges
                 .into_iter()
-                .map(|((service, operation), mut edge)| {
-                    edge.callee_service = service;
-                    edge.callee_operation = operation;
-                    edge
+                .map(|((service, operation), stats)| EdgeSample {
+                    callee_service: service,
+                    callee_operation: operation,
+                    stats,
                 })
                 .collect();
             (owner, edges)
@@ -919,7 +911,7 @@ edge server "GET /" 0 900 budget=1000
                 (
                     e.callee_service.as_str(),
                     e.callee_operation.as_str(),
-                    e.calls,
+                    e.stats.calls,
                 )
             })
             .collect();
@@ -935,19 +927,19 @@ edge server "GET /" 0 900 budget=1000
         let counted = |e: &EdgeSample| -> Vec<&str> {
             EDGE_COUNTED
                 .iter()
-                .zip(e.counts)
+                .zip(e.stats.counts)
                 .filter(|(_, n)| *n > 0)
                 .map(|(name, _)| *name)
                 .collect()
         };
         // The second attempt's callee got 400 ms of the 870 sent: a gateway cut it.
         assert_eq!(counted(stock), ["clamped", "retry"]);
-        assert_eq!(stock.forwarded.count(), 2);
-        assert_eq!(stock.shortfall.count(), 2);
+        assert_eq!(stock.stats.forwarded.count(), 2);
+        assert_eq!(stock.stats.shortfall.count(), 2);
         // 5000 ms sent with about 670 left, and the callee has no budget.
         assert_eq!(counted(&edge.calls[2]), ["inflated", "dropped"]);
         assert!(counted(&edge.calls[0]).is_empty());
-        assert_eq!(edge.calls[0].latency.count(), 1);
+        assert_eq!(edge.calls[0].stats.latency.count(), 1);
 
         let mut deltas = BTreeMap::new();
         let all = samples(&spans, &analysis);

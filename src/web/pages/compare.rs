@@ -66,8 +66,8 @@ pub fn sides(spans: &[Span], analysis: &Analysis) -> BTreeMap<(String, String), 
                 format!("{} {}", edge.callee_service, edge.callee_operation)
             };
             let entry = side.calls.entry(callee).or_default();
-            entry.0 += edge.calls;
-            entry.1 += edge.counts[retry];
+            entry.0 += edge.stats.calls;
+            entry.1 += edge.stats.counts[retry];
         }
     }
     out
