@@ -6,6 +6,7 @@
 //! (`tests/layers.rs` walks the whole folder). Odd data becomes a flag or a warning,
 //! never a panic.
 
+pub mod advice;
 pub mod alerts;
 pub mod analyze;
 pub mod attr_json;

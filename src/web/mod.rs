@@ -14,6 +14,7 @@
 //! inline styles; JavaScript only enhances (collapse/expand, keyboard shortcuts).
 
 pub mod access;
+pub mod advisor;
 pub mod alerts;
 pub mod api;
 mod assets;
@@ -148,6 +149,7 @@ pub fn app(state: AppState) -> Router {
         .route("/api/traces/{trace_id}/otlp", get(api::trace_otlp))
         .route("/api/hops", get(hops::hops))
         .route("/api/map", get(map::map))
+        .route("/api/advisor", get(advisor::advisor))
         .route("/api/hops/{service}/{operation}/series", get(hops::series))
         .route("/api/alerts", get(alerts::instances))
         .route(
