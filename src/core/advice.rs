@@ -10,8 +10,11 @@ use crate::core::analyze::hops::{EdgeRollup, Histogram};
 
 /// Fewer calls than this on an edge in the window: too few to advise on.
 pub const MIN_CALLS: i64 = 20;
-/// A budget problem on this share of an edge's calls, or more, is a finding.
-pub const PROBLEM_SHARE: f64 = 0.05;
+/// A budget dropped or clamped on this share of an edge's calls, and on at least
+/// `MIN_PROBLEM_CALLS`, is a finding: neither happens where budgets propagate, so a small
+/// share is already a misconfiguration, while a single odd call is not advice.
+pub const PROBLEM_SHARE: f64 = 0.01;
+pub const MIN_PROBLEM_CALLS: i64 = 5;
 /// Retries past this share of first attempts are a finding (`retry_budget`).
 pub const RETRY_SHARE: f64 = 0.10;
 
@@ -89,9 +92,10 @@ pub fn edge_findings(
         };
         let (from, to) = (name(caller), name(callee));
         let share = |n: i64| n as f64 / edge.calls as f64;
+        let material = |n: i64| n >= MIN_PROBLEM_CALLS && share(n) >= PROBLEM_SHARE;
 
         let dropped = edge.count("dropped");
-        if share(dropped) >= PROBLEM_SHARE {
+        if material(dropped) {
             out.push(finding(
                 "dropped",
                 None,
@@ -111,7 +115,7 @@ pub fn edge_findings(
         }
 
         let clamped = edge.count("clamped");
-        if share(clamped) >= PROBLEM_SHARE {
+        if material(clamped) {
             // The clamped calls are the top share of shortfalls, and the callee's lowest
             // received budgets: the middle one of each.
             let cut = edge
