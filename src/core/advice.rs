@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::core::analyze::hops::{EdgeRollup, Histogram};
+use crate::core::analyze::edges::EdgeRollup;
+use crate::core::analyze::histogram::Histogram;
 
 /// Fewer calls than this on an edge in the window: too few to advise on.
 pub const MIN_CALLS: i64 = 20;

@@ -9,7 +9,8 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::rollup::HOUR_NANOS;
-use crate::core::analyze::hops::{EDGE_COUNTED, EdgeKey, EdgeRollup, Histogram};
+use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup};
+use crate::core::analyze::histogram::Histogram;
 
 const KEY_COLUMNS: &str =
     "caller_service, caller_operation, callee_service, callee_operation, minute_unix_nano";

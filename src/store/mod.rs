@@ -55,9 +55,8 @@ use crate::core::alerts::eval::Instance;
 use crate::core::alerts::notify::Notification;
 use crate::core::alerts::silence::Silence;
 use crate::core::analyze::AnalysisVersion;
-use crate::core::analyze::hops::{
-    EdgeKey, EdgeRollup, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey,
-};
+use crate::core::analyze::edges::{EdgeKey, EdgeRollup};
+use crate::core::analyze::hops::{HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey};
 use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::{Span, SpanId, SpanKind, TraceId};
 pub use alerts::AlertWrite;

@@ -13,9 +13,11 @@ use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
 use crate::core::analyze::Flag;
+use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup, EdgeSample};
+use crate::core::analyze::histogram::Histogram;
 use crate::core::analyze::hops::{
-    COUNTED, CriticalCounts, CriticalSample, EDGE_COUNTED, EdgeKey, EdgeRollup, EdgeSample,
-    Histogram, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey, SpentArrival, minute_of,
+    COUNTED, CriticalCounts, CriticalSample, HopRollupRow, HopSample, ReportedRow, Rollup,
+    RollupKey, SpentArrival, minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.

@@ -12,7 +12,8 @@ use super::AppState;
 use super::error::ApiError;
 use crate::core::advice::{Finding, HopId, edge_findings};
 use crate::core::analyze::Flag;
-use crate::core::analyze::hops::{EdgeRollup, Histogram};
+use crate::core::analyze::edges::EdgeRollup;
+use crate::core::analyze::histogram::Histogram;
 use crate::store::query::{RollupQuery, TraceQuery};
 
 /// The flag whose traces show a finding's kind; none for `clamped`, which no flag marks.

@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
-use crate::core::analyze::hops::{EDGE_COUNTED, EdgeRollup, HopRollupRow, Rollup};
+use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup};
+use crate::core::analyze::hops::{HopRollupRow, Rollup};
 use crate::store::query::RollupQuery;
 use crate::store::{Store, StoreError};
 
@@ -131,7 +132,7 @@ pub async fn load(
 /// The map from rollup rows: pure, so tests and the page share it.
 pub fn build(
     hop_rows: Vec<HopRollupRow>,
-    edge_rows: Vec<(crate::core::analyze::hops::EdgeKey, EdgeRollup)>,
+    edge_rows: Vec<(EdgeKey, EdgeRollup)>,
     group: Group,
     service: Option<&str>,
     minutes: f64,
@@ -359,7 +360,7 @@ pub async fn map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::analyze::hops::{EdgeKey, HopSample, add_edges, samples};
+    use crate::core::analyze::hops::{HopSample, add_edges, samples};
     use crate::core::analyze::{AnalyzeOptions, analyze, fixture::parse};
 
     fn rows(fixture: &str) -> (Vec<HopRollupRow>, Vec<(EdgeKey, EdgeRollup)>) {

@@ -1,136 +1,15 @@
-//! Per-hop statistics: what each hop of a trace contributes (`HopSample`), and the
-//! mergeable per-minute rollups they add up to (`Rollup`). Pure.
-//!
-//! Quantiles come from a log-bucket histogram: 8 buckets per doubling, so a quantile is
-//! reported within ±4.4 % of a value that was really observed (the bucket's geometric
-//! midpoint), for any magnitude and sign. Histograms are sparse maps, merge by adding and
-//! un-merge by subtracting, so a late span's re-analysis replaces the trace's contribution.
+//! Per-hop statistics: what each hop of a trace contributes (`HopSample`, with its calls'
+//! `EdgeSample`s), and the mergeable per-minute rollups they add up to (`Rollup`, and
+//! `EdgeRollup` per call edge). Pure.
 
 use std::collections::BTreeMap;
 
 use std::collections::{HashMap, HashSet};
 
+use super::edges::{EdgeKey, EdgeRollup, EdgeSample, edge_samples};
+use super::histogram::Histogram;
 use super::{Analysis, Exceed, Flag, Outcome, Role};
-use crate::core::model::{Span, SpanId, TraceId};
-
-/// Buckets per doubling.
-const BUCKETS_PER_OCTAVE: f64 = 8.0;
-/// Values smaller than this in magnitude count as zero.
-const ZERO: f64 = 1e-6;
-
-/// A sparse log histogram. Keys: 0 for zero, ±(1 + bucket offset) for positive/negative values.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Histogram {
-    pub buckets: BTreeMap<i32, i64>,
-}
-
-impl Histogram {
-    fn key(value: f64) -> i32 {
-        if !value.is_finite() || value.abs() < ZERO {
-            return 0;
-        }
-        // Offset so every |value| ≥ ZERO gets a positive index.
-        let index = ((value.abs() / ZERO).log2() * BUCKETS_PER_OCTAVE).floor() as i32 + 1;
-        if value > 0.0 { index } else { -index }
-    }
-
-    /// The geometric midpoint of a bucket.
-    fn value(key: i32) -> f64 {
-        if key == 0 {
-            return 0.0;
-        }
-        let index = f64::from(key.abs() - 1) + 0.5;
-        let magnitude = ZERO * (index / BUCKETS_PER_OCTAVE).exp2();
-        if key > 0 { magnitude } else { -magnitude }
-    }
-
-    pub fn record(&mut self, value: f64, weight: i64) {
-        let key = Self::key(value);
-        let count = self.buckets.entry(key).or_insert(0);
-        *count += weight;
-        if *count == 0 {
-            self.buckets.remove(&key);
-        }
-    }
-
-    pub fn merge(&mut self, other: &Histogram) {
-        for (key, count) in &other.buckets {
-            let entry = self.buckets.entry(*key).or_insert(0);
-            *entry += count;
-            if *entry == 0 {
-                self.buckets.remove(key);
-            }
-        }
-    }
-
-    /// Takes `other`'s counts back out: the inverse of `merge`.
-    pub fn unmerge(&mut self, other: &Histogram) {
-        for (key, count) in &other.buckets {
-            let entry = self.buckets.entry(*key).or_insert(0);
-            *entry -= count;
-            if *entry == 0 {
-                self.buckets.remove(key);
-            }
-        }
-    }
-
-    pub fn count(&self) -> i64 {
-        self.buckets.values().filter(|c| **c > 0).sum()
-    }
-
-    /// The value at quantile `q` (0–1), or `None` when empty.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.count();
-        if total == 0 {
-            return None;
-        }
-        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as i64).max(1);
-        let mut seen = 0;
-        // Keys order: negatives by magnitude descending first.
-        let mut keys: Vec<i32> = self.buckets.keys().copied().collect();
-        keys.sort_by(|a, b| Self::value(*a).total_cmp(&Self::value(*b)));
-        for key in keys {
-            seen += self.buckets[&key].max(0);
-            if seen >= rank {
-                return Some(Self::value(key));
-            }
-        }
-        None
-    }
-
-    /// Each non-empty bucket as (its representative value, count), in value order.
-    pub fn points(&self) -> Vec<(f64, i64)> {
-        let mut points: Vec<(f64, i64)> = self
-            .buckets
-            .iter()
-            .filter(|(_, c)| **c > 0)
-            .map(|(k, c)| (Self::value(*k), *c))
-            .collect();
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
-        points
-    }
-
-    /// Compact text form for storage: `key:count,key:count`.
-    pub fn encode(&self) -> String {
-        self.buckets
-            .iter()
-            .map(|(k, c)| format!("{k}:{c}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
-
-    /// Reads `encode`'s form; malformed pairs are skipped.
-    pub fn decode(text: &str) -> Histogram {
-        let buckets = text
-            .split(',')
-            .filter_map(|pair| {
-                let (k, c) = pair.split_once(':')?;
-                Some((k.parse().ok()?, c.parse().ok()?))
-            })
-            .collect();
-        Histogram { buckets }
-    }
-}
+use crate::core::model::{Span, TraceId};
 
 /// What one hop of one trace contributes to its identity's statistics.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,207 +31,6 @@ pub struct HopSample {
     pub critical: CriticalSample,
     /// The calls the hop made, one sample per callee.
     pub calls: Vec<EdgeSample>,
-}
-
-/// What one hop's calls to one callee contributed: the edge statistics of the service map
-/// (docs/budget-semantics.md, "Edges").
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EdgeSample {
-    /// The callee's hop identity; for a call that reached no instrumented hop, its peer as
-    /// the call span names it (`server.address`, `peer.service`, `rpc.service`, else the
-    /// span name) and an empty operation.
-    pub callee_service: String,
-    pub callee_operation: String,
-    /// The calls of this one request (`requests` is 1).
-    pub stats: EdgeRollup,
-}
-
-/// What an edge counts per call: `inflated` (the call forwarded more than was left, or the
-/// callee took more than it was sent), `clamped` (the callee received less than was
-/// forwarded, beyond the network time and τ), `dropped`, `doomed`, `retry`, `unsafe_retry`.
-pub const EDGE_COUNTED: [&str; 6] = [
-    "inflated",
-    "clamped",
-    "dropped",
-    "doomed",
-    "retry",
-    "unsafe_retry",
-];
-
-/// Per call edge (caller hop identity → callee) and minute: `EdgeSample`s added up.
-/// `add` with weight −1 removes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EdgeRollup {
-    /// Requests of the caller that made these calls (attempts per request: calls ÷ this).
-    pub requests: i64,
-    /// Call spans (attempts) and, of them, each kind counted in `EDGE_COUNTED` order.
-    pub calls: i64,
-    pub counts: [i64; EDGE_COUNTED.len()],
-    /// Per call: the budget it forwarded, what its caller had left, its duration, and for
-    /// an instrumented callee with a budget, forwarded − network time − received.
-    pub forwarded: Histogram,
-    pub left: Histogram,
-    pub latency: Histogram,
-    pub shortfall: Histogram,
-}
-
-/// (caller service, caller operation, callee service, callee operation, minute).
-pub type EdgeKey = (String, String, String, String, u64);
-
-impl EdgeRollup {
-    pub fn add(&mut self, sample: &EdgeSample, weight: i64) {
-        self.merge_weighted(&sample.stats, weight);
-    }
-
-    pub fn merge(&mut self, other: &EdgeRollup) {
-        self.merge_weighted(other, 1);
-    }
-
-    /// Adds `other` once (weight 1) or takes it back out (−1).
-    fn merge_weighted(&mut self, other: &EdgeRollup, weight: i64) {
-        self.requests += weight * other.requests;
-        self.calls += weight * other.calls;
-        for (total, count) in self.counts.iter_mut().zip(other.counts) {
-            *total += weight * count;
-        }
-        for (total, part) in [
-            (&mut self.forwarded, &other.forwarded),
-            (&mut self.left, &other.left),
-            (&mut self.latency, &other.latency),
-            (&mut self.shortfall, &other.shortfall),
-        ] {
-            if weight >= 0 {
-                total.merge(part);
-            } else {
-                total.unmerge(part);
-            }
-        }
-    }
-
-    fn tally(&mut self, name: &str) {
-        if let Some(i) = EDGE_COUNTED.iter().position(|n| *n == name) {
-            self.counts[i] += 1;
-        }
-    }
-
-    pub fn count(&self, name: &str) -> i64 {
-        EDGE_COUNTED
-            .iter()
-            .position(|n| *n == name)
-            .map_or(0, |i| self.counts[i])
-    }
-}
-
-/// Adds the edge samples of hop samples (weight +1) or takes them back out (−1).
-pub fn add_edges(deltas: &mut BTreeMap<EdgeKey, EdgeRollup>, samples: &[HopSample], weight: i64) {
-    for sample in samples {
-        for edge in &sample.calls {
-            let key = (
-                sample.service.clone(),
-                sample.operation.clone(),
-                edge.callee_service.clone(),
-                edge.callee_operation.clone(),
-                minute_of(sample.start_unix_nano),
-            );
-            deltas.entry(key).or_default().add(edge, weight);
-        }
-    }
-}
-
-/// The edge samples of each hop, by the hop's span index.
-fn edge_samples(
-    spans: &[Span],
-    analysis: &Analysis,
-    tolerance_ms: f64,
-) -> BTreeMap<usize, Vec<EdgeSample>> {
-    let row_of: HashMap<usize, usize> = analysis
-        .rows
-        .iter()
-        .enumerate()
-        .map(|(r, row)| (row.span, r))
-        .collect();
-    let mut span_index: HashMap<SpanId, usize> = HashMap::new();
-    for (i, span) in spans.iter().enumerate() {
-        span_index.entry(span.span_id).or_insert(i);
-    }
-    // The first hop under each call, in waterfall order.
-    let mut callee_of: HashMap<usize, usize> = HashMap::new();
-    for (r, row) in analysis.rows.iter().enumerate() {
-        let parent = spans[row.span]
-            .parent_span_id
-            .and_then(|p| span_index.get(&p))
-            .and_then(|p| row_of.get(p));
-        if row.role == Role::Hop
-            && let Some(&call) = parent
-            && analysis.rows[call].role == Role::Call
-        {
-            callee_of.entry(call).or_insert(r);
-        }
-    }
-    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeRollup>> = BTreeMap::new();
-    for (c, call) in analysis.rows.iter().enumerate() {
-        let Some(owner) = call.owner.filter(|_| call.role == Role::Call) else {
-            continue;
-        };
-        let callee = callee_of.get(&c).map(|&h| &analysis.rows[h]);
-        let key = match callee {
-            Some(hop) => (
-                spans[hop.span].service.clone(),
-                spans[hop.span].name.clone(),
-            ),
-            None => (super::rules::peer_label(&spans[call.span]), String::new()),
-        };
-        let edge = by_hop.entry(owner).or_default().entry(key).or_default();
-        edge.requests = 1;
-        edge.calls += 1;
-        let has = |row: &super::Row, flag: Flag| row.flags.iter().any(|f| f.flag == flag);
-        if has(call, Flag::Inflated) || callee.is_some_and(|h| has(h, Flag::Inflated)) {
-            edge.tally("inflated");
-        }
-        for (flag, name) in [
-            (Flag::Doomed, "doomed"),
-            (Flag::Retry, "retry"),
-            (Flag::UnsafeRetry, "unsafe_retry"),
-        ] {
-            if has(call, flag) {
-                edge.tally(name);
-            }
-        }
-        if callee.is_some_and(|h| has(h, Flag::Dropped)) {
-            edge.tally("dropped");
-        }
-        if let Some(forwarded) = call.budget_ms {
-            edge.forwarded.record(forwarded, 1);
-            if let Some(hop) = callee
-                && let Some(received) = hop.budget_ms
-            {
-                let network = (hop.start_offset_ms - call.start_offset_ms).max(0.0);
-                let shortfall = forwarded - network - received;
-                edge.shortfall.record(shortfall, 1);
-                if shortfall > tolerance_ms {
-                    edge.tally("clamped");
-                }
-            }
-        }
-        if let Some(left) = call.available_ms {
-            edge.left.record(left, 1);
-        }
-        edge.latency.record(call.duration_ms, 1);
-    }
-    by_hop
-        .into_iter()
-        .map(|(owner, edges)| {
-            let edges = edges
-                .into_iter()
-                .map(|((service, operation), stats)| EdgeSample {
-                    callee_service: service,
-                    callee_operation: operation,
-                    stats,
-                })
-                .collect();
-            (owner, edges)
-        })
-        .collect()
 }
 
 /// A hop's part in one request's critical path (docs/budget-semantics.md, "The critical
@@ -788,6 +466,22 @@ impl FlagsAt {
     }
 }
 
+/// Adds the edge samples of hop samples (weight +1) or takes them back out (−1).
+pub fn add_edges(deltas: &mut BTreeMap<EdgeKey, EdgeRollup>, samples: &[HopSample], weight: i64) {
+    for sample in samples {
+        for edge in &sample.calls {
+            let key = (
+                sample.service.clone(),
+                sample.operation.clone(),
+                edge.callee_service.clone(),
+                edge.callee_operation.clone(),
+                minute_of(sample.start_unix_nano),
+            );
+            deltas.entry(key).or_default().add(edge, weight);
+        }
+    }
+}
+
 /// The minute a sample belongs to, as unix nanoseconds at the minute's start.
 pub fn minute_of(unix_nano: u64) -> u64 {
     unix_nano - unix_nano % 60_000_000_000
@@ -796,6 +490,7 @@ pub fn minute_of(unix_nano: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::analyze::edges::EDGE_COUNTED;
     use crate::core::analyze::fixture::parse;
     use crate::core::analyze::{AnalyzeOptions, analyze};
 
@@ -889,6 +584,71 @@ edge server "GET /" 0 1200 budget=1000
     }
 
     #[test]
+    fn a_hops_flags_are_told_apart_from_the_rest_of_the_trace() {
+        let spans = parse(DOOMED_BILLING);
+        let analysis = analyze(&spans, &AnalyzeOptions::default());
+        let stored = samples(&spans, &analysis);
+        let flags_at =
+            |service, operation| FlagsAt::of(&stored, &analysis.flag_counts, service, operation);
+        let edge = flags_at("edge", "GET /");
+        assert!(edge.origin, "the request ran out at edge");
+        assert_eq!(
+            edge.here.keys().map(|f| f.as_str()).collect::<Vec<_>>(),
+            ["overspent", "local_exceed", "doomed"],
+            "the hop's own flags and its call's"
+        );
+        assert_eq!(
+            edge.elsewhere
+                .keys()
+                .map(|f| f.as_str())
+                .collect::<Vec<_>>(),
+            ["inherited_exceed"]
+        );
+        let billing = flags_at("billing", "Charge");
+        assert!(!billing.origin);
+        assert_eq!(billing.here.len(), 1);
+        assert_eq!(billing.here.get(&Flag::InheritedExceed), Some(&1));
+        let total: usize = billing
+            .here
+            .values()
+            .chain(billing.elsewhere.values())
+            .sum();
+        assert_eq!(total, analysis.flag_counts.values().sum::<usize>());
+    }
+
+    #[test]
+    fn spent_arrivals_name_their_caller_and_the_origin_upstream() {
+        let spans = parse(
+            r#"
+edge server "GET /" 0 1000 budget=700
+  edge client "orders" 10 980 budget=690
+    orders server "POST /orders" 12 970 budget=688
+      orders client "billing" 900 60 budget=-200
+        billing server "Charge" 901 50 budget=-201
+          billing client "ledger" 910 30 budget=-210
+            ledger server "Append" 911 28 budget=-211
+"#,
+        );
+        let orders = ("orders".to_string(), "POST /orders".to_string());
+        let stored = samples(&spans, &analyze(&spans, &AnalyzeOptions::default()));
+        let spent_at = |service, operation| {
+            let mut spent = Spent::default();
+            spent.add(spans[0].trace_id, &stored, service, operation);
+            spent
+        };
+        let spent = spent_at("billing", "Charge");
+        assert_eq!(spent.callers.keys().collect::<Vec<_>>(), [&orders]);
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
+        // Two hops down, the caller is billing; the budget still ran out at orders.
+        let spent = spent_at("ledger", "Append");
+        assert_eq!(
+            spent.callers.keys().collect::<Vec<_>>(),
+            [&("billing".to_string(), "Charge".to_string())]
+        );
+        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
+    }
+
+    #[test]
     fn each_hop_counts_its_calls_per_callee() {
         let spans = parse(
             r#"
@@ -952,70 +712,5 @@ edge server "GET /" 0 900 budget=1000
         assert_eq!((rollup.requests, rollup.count("retry")), (1, 1));
         add_edges(&mut deltas, &all, -1);
         assert!(deltas.values().all(|r| *r == EdgeRollup::default()));
-    }
-
-    #[test]
-    fn a_hops_flags_are_told_apart_from_the_rest_of_the_trace() {
-        let spans = parse(DOOMED_BILLING);
-        let analysis = analyze(&spans, &AnalyzeOptions::default());
-        let stored = samples(&spans, &analysis);
-        let flags_at =
-            |service, operation| FlagsAt::of(&stored, &analysis.flag_counts, service, operation);
-        let edge = flags_at("edge", "GET /");
-        assert!(edge.origin, "the request ran out at edge");
-        assert_eq!(
-            edge.here.keys().map(|f| f.as_str()).collect::<Vec<_>>(),
-            ["overspent", "local_exceed", "doomed"],
-            "the hop's own flags and its call's"
-        );
-        assert_eq!(
-            edge.elsewhere
-                .keys()
-                .map(|f| f.as_str())
-                .collect::<Vec<_>>(),
-            ["inherited_exceed"]
-        );
-        let billing = flags_at("billing", "Charge");
-        assert!(!billing.origin);
-        assert_eq!(billing.here.len(), 1);
-        assert_eq!(billing.here.get(&Flag::InheritedExceed), Some(&1));
-        let total: usize = billing
-            .here
-            .values()
-            .chain(billing.elsewhere.values())
-            .sum();
-        assert_eq!(total, analysis.flag_counts.values().sum::<usize>());
-    }
-
-    #[test]
-    fn spent_arrivals_name_their_caller_and_the_origin_upstream() {
-        let spans = parse(
-            r#"
-edge server "GET /" 0 1000 budget=700
-  edge client "orders" 10 980 budget=690
-    orders server "POST /orders" 12 970 budget=688
-      orders client "billing" 900 60 budget=-200
-        billing server "Charge" 901 50 budget=-201
-          billing client "ledger" 910 30 budget=-210
-            ledger server "Append" 911 28 budget=-211
-"#,
-        );
-        let orders = ("orders".to_string(), "POST /orders".to_string());
-        let stored = samples(&spans, &analyze(&spans, &AnalyzeOptions::default()));
-        let spent_at = |service, operation| {
-            let mut spent = Spent::default();
-            spent.add(spans[0].trace_id, &stored, service, operation);
-            spent
-        };
-        let spent = spent_at("billing", "Charge");
-        assert_eq!(spent.callers.keys().collect::<Vec<_>>(), [&orders]);
-        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
-        // Two hops down, the caller is billing; the budget still ran out at orders.
-        let spent = spent_at("ledger", "Append");
-        assert_eq!(
-            spent.callers.keys().collect::<Vec<_>>(),
-            [&("billing".to_string(), "Charge".to_string())]
-        );
-        assert_eq!(spent.top_origin().as_ref(), Some(&orders), "{spent:?}");
     }
 }

@@ -15,7 +15,9 @@
 //! - Calls without an owner hop (a root CLIENT span) group their retries by parent span.
 
 mod critical;
+pub mod edges;
 pub mod fixture;
+pub mod histogram;
 pub mod hops;
 mod rules;
 pub use rules::ATTRIBUTES_READ;

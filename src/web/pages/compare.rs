@@ -43,7 +43,7 @@ pub struct Side {
 
 /// One analysed request: its hop identities, by (service, operation).
 pub fn sides(spans: &[Span], analysis: &Analysis) -> BTreeMap<(String, String), Side> {
-    let retry = crate::core::analyze::hops::EDGE_COUNTED
+    let retry = crate::core::analyze::edges::EDGE_COUNTED
         .iter()
         .position(|n| *n == "retry")
         .unwrap_or(0);

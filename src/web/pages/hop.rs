@@ -15,7 +15,8 @@ use super::{
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
 use crate::core::analyze::Flag;
-use crate::core::analyze::hops::{FlagsAt, Histogram, Rollup, Spent};
+use crate::core::analyze::histogram::Histogram;
+use crate::core::analyze::hops::{FlagsAt, Rollup, Spent};
 use crate::core::model::TraceId;
 use crate::store::query::TraceQuery;
 use crate::web::AppState;

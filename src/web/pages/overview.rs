@@ -198,7 +198,7 @@ pub fn build(
     let mut hops: Vec<(HopRow, Vec<f64>)> = merged
         .iter()
         .map(|((service, operation), r)| {
-            let q = |h: &crate::core::analyze::hops::Histogram, p| h.quantile(p);
+            let q = |h: &crate::core::analyze::histogram::Histogram, p| h.quantile(p);
             let keys = vec![
                 0.0,
                 0.0,
