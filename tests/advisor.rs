@@ -93,8 +93,9 @@ async fn findings(state: &AppState) -> serde_json::Value {
     serde_json::from_str::<serde_json::Value>(&body).unwrap()["findings"].clone()
 }
 
-/// The findings of 30 requests on each store, with the `AppState` that answered them.
-async fn advice(proxy: bool, fixed: bool) -> Vec<(&'static str, AppState, serde_json::Value)> {
+/// The findings of 30 requests on each store, with the `AppState` that answered them (and
+/// the database, which lives as long as it).
+async fn advice(proxy: bool, fixed: bool) -> Vec<(TestDb, AppState, serde_json::Value)> {
     let mut out = Vec::new();
     for db in TestDb::all().await {
         let start = common::now_nanos() - 600_000_000_000;
@@ -109,14 +110,15 @@ async fn advice(proxy: bool, fixed: bool) -> Vec<(&'static str, AppState, serde_
         common::analyse_waiting(store.as_ref()).await;
         let state = AppState::new(store, AnalyzeOptions::default());
         let found = findings(&state).await;
-        out.push((db.backend, state, found));
+        out.push((db, state, found));
     }
     out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_advisor_finds_a_clamping_proxy_and_a_fixed_timeout() {
-    for (backend, state, found) in advice(true, true).await {
+    for (db, state, found) in advice(true, true).await {
+        let backend = db.backend;
         let kinds: Vec<(&str, &str, &str)> = found
             .as_array()
             .unwrap()
@@ -160,12 +162,38 @@ async fn the_advisor_finds_a_clamping_proxy_and_a_fixed_timeout() {
         let (status, _, body) = oneshot(&state, "/api/advisor?colour=red").await;
         assert_eq!(status, 400);
         assert!(body.contains("use since, until or service"), "{body}");
+        // The page says the same, grouped by calling service, linking hops and traces.
+        let (status, _, page) = oneshot(&state, "/advisor?range=1h").await;
+        assert_eq!(status, 200, "{backend}");
+        assert!(page.contains("2 findings."), "{backend}");
+        assert!(page.contains(r#"<span class="badge kind">clamped</span>"#));
+        assert!(page.contains(r#"<span class="badge kind">fixed_timeout</span>"#));
+        assert!(
+            page.contains(r#"href="/hops/billing/Charge?range=1h""#),
+            "{backend}"
+        );
+        let trace = fixed["example_traces"][0].as_str().unwrap();
+        assert!(
+            page.contains(&format!(r#"href="/traces/{trace}""#)),
+            "{backend}"
+        );
+        let (_, _, only) = oneshot(&state, "/advisor?range=1h&service=inventory").await;
+        assert!(
+            only.contains("Nothing to change in this range"),
+            "{backend}"
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_system_with_both_fixed_gets_no_finding() {
-    for (backend, _, found) in advice(false, false).await {
+    for (db, state, found) in advice(false, false).await {
+        let backend = db.backend;
         assert_eq!(found, serde_json::json!([]), "{backend}");
+        let (_, _, page) = oneshot(&state, "/advisor").await;
+        assert!(
+            page.contains("Nothing to change in this range"),
+            "{backend}"
+        );
     }
 }

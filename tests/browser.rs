@@ -427,6 +427,23 @@ async fn the_ui_in_a_real_browser() {
     })
     .await;
 
+    // The advisor, from the main navigation.
+    click(&client, r#"header nav a[href="/advisor"]"#).await;
+    wait_for(&client, "h1").await;
+    let advice = client
+        .find(Locator::Css("main"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        advice.contains("What to change")
+            && (advice.contains("finding") || advice.contains("Nothing to change")),
+        "{advice}"
+    );
+    screenshot(&client, "advisor.png").await;
+
     // Search: exceeded traces of inventory, with the form.
     client.goto(&format!("{base}/traces")).await.unwrap();
     let form = client.form(Locator::Css("form.search")).await.unwrap();

@@ -103,6 +103,7 @@ async fn the_budget_waterfall_says_where_the_budget_went() {
         Overview
         Traces
         Map
+        Advisor
         Alerts
         Trace id
         Open
@@ -164,6 +165,7 @@ async fn the_hop_page_says_how_its_requests_went() {
             Overview
             Traces
             Map
+            Advisor
             Alerts
             Trace id
             Open
@@ -221,6 +223,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
         Overview
         Traces
         Map
+        Advisor
         Alerts
         Trace id
         Open
@@ -294,6 +297,7 @@ async fn the_overview_and_the_search_say_what_happened_in_the_range() {
             Overview
             Traces
             Map
+            Advisor
             Alerts
             Trace id
             Open

@@ -14,6 +14,7 @@ use crate::core::advice::{Finding, HopId, edge_findings};
 use crate::core::analyze::Flag;
 use crate::core::analyze::edges::EdgeRollup;
 use crate::core::analyze::histogram::Histogram;
+use crate::store::StoreError;
 use crate::store::query::{RollupQuery, TraceQuery};
 
 /// The flag whose traces show a finding's kind; none for `clamped`, which no flag marks.
@@ -51,6 +52,26 @@ pub async fn advisor(
         .get("service")
         .map(String::as_str)
         .filter(|s| !s.is_empty());
+    let findings: Vec<Value> = load(&state, since, until, service)
+        .await?
+        .iter()
+        .map(|(finding, examples)| finding_json(finding, examples))
+        .collect();
+    Ok(Json(json!({
+        "since_unix_nano": since,
+        "until_unix_nano": until,
+        "findings": findings,
+    })))
+}
+
+/// The findings of `[since, until)` (minute-aligned), optionally of one service's edges,
+/// each with its example traces: what the API and the page show.
+pub async fn load(
+    state: &AppState,
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+) -> Result<Vec<(Finding, Vec<String>)>, StoreError> {
     let rows = state
         .store
         .edge_rollups(&RollupQuery {
@@ -87,16 +108,12 @@ pub async fn advisor(
             .or_default()
             .merge(&row.rollup.budget);
     }
-    let mut findings = Vec::new();
+    let mut out = Vec::new();
     for finding in edge_findings(&edges, &received, state.analyze.tolerance_ms) {
-        let examples = examples(&state, &finding, since, until).await?;
-        findings.push(finding_json(&finding, examples));
+        let examples = examples(state, &finding, since, until).await?;
+        out.push((finding, examples));
     }
-    Ok(Json(json!({
-        "since_unix_nano": since,
-        "until_unix_nano": until,
-        "findings": findings,
-    })))
+    Ok(out)
 }
 
 /// Up to three traces of the window with the finding's flag at its callee (or, for a peer
@@ -106,7 +123,7 @@ async fn examples(
     finding: &Finding,
     since: u64,
     until: u64,
-) -> Result<Vec<String>, ApiError> {
+) -> Result<Vec<String>, StoreError> {
     let Some(flag) = flag_of(finding.kind) else {
         return Ok(Vec::new());
     };
@@ -129,7 +146,7 @@ async fn examples(
     Ok(found.iter().map(|s| s.trace_id.to_hex()).collect())
 }
 
-fn finding_json(finding: &Finding, examples: Vec<String>) -> Value {
+fn finding_json(finding: &Finding, examples: &[String]) -> Value {
     json!({
         "kind": finding.kind,
         "caller": hop_json(&finding.caller),

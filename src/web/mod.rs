@@ -182,6 +182,7 @@ pub fn app(state: AppState) -> Router {
         .route("/api/services/{service}/operations", get(api::operations))
         .route("/", get(pages::overview::overview))
         .route("/map", get(pages::map::map))
+        .route("/advisor", get(pages::advisor::advisor))
         .route("/compare", get(pages::compare::compare))
         .route("/traces", get(pages::traces::traces))
         .route("/traces/go", get(pages::traces::go))

@@ -6,6 +6,7 @@
 //! no span name, attribute or service can inject markup or a `javascript:` URL. Every page
 //! state (range, filters, sort, selected span, time mode) is in the URL.
 
+pub mod advisor;
 pub mod alert_forms;
 pub mod alerts;
 pub mod compare;
