@@ -182,6 +182,22 @@ async fn the_advisor_finds_a_clamping_proxy_and_a_fixed_timeout() {
             only.contains("Nothing to change in this range"),
             "{backend}"
         );
+        // The map marks the two edges, by service and by operation, and links the advisor.
+        for group in ["service", "operation"] {
+            let (_, _, map) = oneshot(&state, &format!("/map?range=1h&group={group}")).await;
+            assert_eq!(map.matches("⚑ clamped<").count(), 1, "{backend} {group}");
+            assert_eq!(
+                map.matches("⚑ fixed_timeout<").count(),
+                1,
+                "{backend} {group}"
+            );
+            assert!(
+                map.contains(
+                    r#"href="/advisor?range=1h&#38;service=orders">advice: fixed_timeout"#
+                ),
+                "{backend} {group}"
+            );
+        }
     }
 }
 

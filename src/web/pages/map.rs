@@ -14,6 +14,7 @@ use axum::response::Response;
 use super::{
     PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, hop_href, html, query_string,
 };
+use crate::core::advice::HopId;
 use crate::web::AppState;
 use crate::web::map::{Group, Health, ServiceMap, load};
 
@@ -54,6 +55,9 @@ pub struct EdgeView {
     pub attempts: String,
     pub forwarded: String,
     pub latency: String,
+    /// The kinds of the advisor's findings on this edge, and where the advisor shows them.
+    pub advice: Vec<&'static str>,
+    pub advice_href: String,
 }
 
 #[derive(Template)]
@@ -87,19 +91,36 @@ pub async fn map(
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let (since, until) = range.aligned();
-    let map = load(
-        state.store.as_ref(),
-        since,
-        until,
-        group,
-        Some(service.as_str()).filter(|s| !s.is_empty()),
-    )
-    .await?;
-    Ok(html(StatusCode::OK, &page(&map, &range, &service)))
+    let only = Some(service.as_str()).filter(|s| !s.is_empty());
+    let map = load(state.store.as_ref(), since, until, group, only).await?;
+    let advice: Vec<(HopId, HopId, &'static str)> =
+        crate::web::advisor::load(&state, since, until, only)
+            .await?
+            .into_iter()
+            .map(|(finding, _)| (finding.caller, finding.callee, finding.kind))
+            .collect();
+    Ok(html(StatusCode::OK, &page(&map, &range, &service, &advice)))
 }
 
-/// The page for a map: pure, so tests can call it.
-pub fn page(map: &ServiceMap, range: &TimeRange, service: &str) -> MapPage {
+/// Whether a node of the map is, or holds, the hop identity `id`.
+fn holds(node: &crate::web::map::Node, id: &HopId) -> bool {
+    node.service == id.0
+        && match &node.operation {
+            Some(operation) => *operation == id.1,
+            // A service's node holds its every hop; a peer's, the calls to that peer.
+            None if node.instrumented => true,
+            None => id.1.is_empty(),
+        }
+}
+
+/// The page for a map and the advisor's findings on its edges (caller, callee, kind): pure,
+/// so tests can call it.
+pub fn page(
+    map: &ServiceMap,
+    range: &TimeRange,
+    service: &str,
+    advice: &[(HopId, HopId, &'static str)],
+) -> MapPage {
     let placed = layout(
         map.nodes.len(),
         &map.edges
@@ -201,6 +222,15 @@ pub fn page(map: &ServiceMap, range: &TimeRange, service: &str) -> MapPage {
                 format!("{} call{}", r.calls, if r.calls == 1 { "" } else { "s" })
             };
             let target = if callee.instrumented { callee } else { caller };
+            let mut kinds: Vec<&'static str> = advice
+                .iter()
+                .filter(|(from, to, _)| holds(caller, from) && holds(callee, to))
+                .map(|(_, _, kind)| *kind)
+                .collect();
+            kinds.sort_unstable();
+            kinds.dedup();
+            let mut advice_pairs = range.pairs();
+            advice_pairs.push(("service", caller.service.as_str()));
             let view = EdgeView {
                 path,
                 label_x,
@@ -226,6 +256,8 @@ pub fn page(map: &ServiceMap, range: &TimeRange, service: &str) -> MapPage {
                 attempts,
                 forwarded,
                 latency,
+                advice: kinds,
+                advice_href: format!("/advisor{}", query_string(advice_pairs)),
             };
             (edge.health, view)
         })
