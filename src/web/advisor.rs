@@ -72,6 +72,21 @@ pub async fn load(
     until: u64,
     service: Option<&str>,
 ) -> Result<Vec<(Finding, Vec<String>)>, StoreError> {
+    let mut out = Vec::new();
+    for finding in findings(state, since, until, service).await? {
+        let examples = examples(state, &finding, since, until).await?;
+        out.push((finding, examples));
+    }
+    Ok(out)
+}
+
+/// The findings alone, without searching for example traces (the service map's marks).
+pub async fn findings(
+    state: &AppState,
+    since: u64,
+    until: u64,
+    service: Option<&str>,
+) -> Result<Vec<Finding>, StoreError> {
     let rows = state
         .store
         .edge_rollups(&RollupQuery {
@@ -108,12 +123,7 @@ pub async fn load(
             .or_default()
             .merge(&row.rollup.budget);
     }
-    let mut out = Vec::new();
-    for finding in edge_findings(&edges, &received, state.analyze.tolerance_ms) {
-        let examples = examples(state, &finding, since, until).await?;
-        out.push((finding, examples));
-    }
-    Ok(out)
+    Ok(edge_findings(&edges, &received, state.analyze.tolerance_ms))
 }
 
 /// Up to three traces of the window with the finding's flag at its callee (or, for a peer

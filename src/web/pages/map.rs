@@ -94,10 +94,10 @@ pub async fn map(
     let only = Some(service.as_str()).filter(|s| !s.is_empty());
     let map = load(state.store.as_ref(), since, until, group, only).await?;
     let advice: Vec<(HopId, HopId, &'static str)> =
-        crate::web::advisor::load(&state, since, until, only)
+        crate::web::advisor::findings(&state, since, until, only)
             .await?
             .into_iter()
-            .map(|(finding, _)| (finding.caller, finding.callee, finding.kind))
+            .map(|finding| (finding.caller, finding.callee, finding.kind))
             .collect();
     Ok(html(StatusCode::OK, &page(&map, &range, &service, &advice)))
 }
