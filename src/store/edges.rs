@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
 use super::StoreError;
-use super::rollup::HOUR_NANOS;
-use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup};
+use super::rollup::{HOUR_NANOS, decode_counts, encode_counts};
+use crate::core::analyze::edges::{EdgeKey, EdgeRollup};
 use crate::core::analyze::histogram::Histogram;
 
 const KEY_COLUMNS: &str =
@@ -18,10 +18,9 @@ const KEY_COLUMNS: &str =
 /// `calls;counts;forwarded;left;latency;shortfall`, counts comma-separated in
 /// `EDGE_COUNTED` order, histograms in their own text form.
 fn encode(edge: &EdgeRollup) -> String {
-    let counts: Vec<String> = edge.counts.iter().map(i64::to_string).collect();
     [
         edge.calls.to_string(),
-        counts.join(","),
+        encode_counts(&edge.counts),
         edge.forwarded.encode(),
         edge.left.encode(),
         edge.latency.encode(),
@@ -34,10 +33,7 @@ fn decode(requests: i64, text: &str) -> EdgeRollup {
     let mut parts = text.split(';');
     let mut next = || parts.next().unwrap_or("");
     let calls = next().parse().unwrap_or(0);
-    let mut counts = [0; EDGE_COUNTED.len()];
-    for (slot, value) in counts.iter_mut().zip(next().split(',')) {
-        *slot = value.parse().unwrap_or(0);
-    }
+    let counts = decode_counts(next());
     EdgeRollup {
         requests,
         calls,

@@ -13,11 +13,11 @@ use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
 use crate::core::analyze::Flag;
-use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup, EdgeSample};
+use crate::core::analyze::edges::{EdgeKey, EdgeRollup, EdgeSample};
 use crate::core::analyze::histogram::Histogram;
 use crate::core::analyze::hops::{
-    COUNTED, CriticalCounts, CriticalSample, HopRollupRow, HopSample, ReportedRow, Rollup,
-    RollupKey, SpentArrival, minute_of,
+    CriticalCounts, CriticalSample, HopRollupRow, HopSample, ReportedRow, Rollup, RollupKey,
+    SpentArrival, minute_of,
 };
 
 /// Nanoseconds in an hour: the hourly table's key is the minute key rounded down to it.
@@ -129,12 +129,22 @@ pub(crate) fn rollup_ranges(since: u64, until: u64, hourly: bool) -> Vec<(bool, 
     ranges
 }
 
-pub(crate) fn encode_counts(counts: &[i64; COUNTED.len()]) -> String {
+/// Counts as stored: "1,0,2", in their array's order.
+pub(crate) fn encode_counts(counts: &[i64]) -> String {
     counts
         .iter()
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// What `encode_counts` wrote; missing or malformed counts read as 0.
+pub(crate) fn decode_counts<const N: usize>(text: &str) -> [i64; N] {
+    let mut counts = [0; N];
+    for (slot, value) in counts.iter_mut().zip(text.split(',')) {
+        *slot = value.parse().unwrap_or(0);
+    }
+    counts
 }
 
 /// One hop sample as its trace's summary keeps it (the `hops` column, a JSON array of
@@ -206,12 +216,7 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                             edge.callee_service.clone(),
                             edge.callee_operation.clone(),
                             edge.stats.calls,
-                            edge.stats
-                                .counts
-                                .iter()
-                                .map(i64::to_string)
-                                .collect::<Vec<_>>()
-                                .join(","),
+                            encode_counts(&edge.stats.counts),
                             edge.stats.forwarded.encode(),
                             edge.stats.left.encode(),
                             edge.stats.latency.encode(),
@@ -245,10 +250,6 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                 critical,
                 calls,
             )| {
-                let mut parsed = [0; COUNTED.len()];
-                for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
-                    *slot = value.parse().unwrap_or(0);
-                }
                 HopSample {
                     service,
                     operation,
@@ -256,7 +257,7 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                     budget_ms,
                     burn,
                     self_ms: self_ms.unwrap_or(0.0),
-                    counts: parsed,
+                    counts: decode_counts(&counts),
                     wasted_ms: wasted.unwrap_or(0.0),
                     flags: flags
                         .split(',')
@@ -296,17 +297,13 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                                 latency,
                                 short,
                             )| {
-                                let mut parsed = [0; EDGE_COUNTED.len()];
-                                for (slot, value) in parsed.iter_mut().zip(counts.split(',')) {
-                                    *slot = value.parse().unwrap_or(0);
-                                }
                                 EdgeSample {
                                     callee_service: service,
                                     callee_operation: operation,
                                     stats: EdgeRollup {
                                         requests: 1,
                                         calls,
-                                        counts: parsed,
+                                        counts: decode_counts(&counts),
                                         forwarded: Histogram::decode(&forwarded),
                                         left: Histogram::decode(&left),
                                         latency: Histogram::decode(&latency),
@@ -526,6 +523,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::analyze::hops::COUNTED;
     use sqlx::Connection as _;
 
     /// Two hops as the analyzer stored them before the `hops` column, one with a budget.

@@ -9,13 +9,14 @@ use axum::extract::{Query, State};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, check_params};
+use super::map::{Rows, rows};
 use crate::core::advice::{Finding, HopId, edge_findings};
 use crate::core::analyze::Flag;
 use crate::core::analyze::edges::EdgeRollup;
 use crate::core::analyze::histogram::Histogram;
 use crate::store::StoreError;
-use crate::store::query::{RollupQuery, TraceQuery};
+use crate::store::query::TraceQuery;
 
 /// The flag whose traces show a finding's kind; none for `clamped`, which no flag marks.
 fn flag_of(kind: &str) -> Option<Flag> {
@@ -38,15 +39,7 @@ pub async fn advisor(
     State(state): State<AppState>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(unknown) = params
-        .keys()
-        .find(|k| !["since", "until", "service"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "invalid_parameter",
-            format!("parameter {unknown}: unknown; use since, until or service"),
-        ));
-    }
+    check_params(&params, &["since", "until", "service"])?;
     let (since, until) = super::hops::time_range(&params, crate::clock::now_unix_nano())?;
     let service = params
         .get("service")
@@ -73,57 +66,36 @@ pub async fn load(
     service: Option<&str>,
 ) -> Result<Vec<(Finding, Vec<String>)>, StoreError> {
     let mut out = Vec::new();
-    for finding in findings(state, since, until, service).await? {
+    let rows = rows(state.store.as_ref(), since, until, service).await?;
+    for finding in of_rows(&rows, state.analyze.tolerance_ms) {
         let examples = examples(state, &finding, since, until).await?;
         out.push((finding, examples));
     }
     Ok(out)
 }
 
-/// The findings alone, without searching for example traces (the service map's marks).
-pub async fn findings(
-    state: &AppState,
-    since: u64,
-    until: u64,
-    service: Option<&str>,
-) -> Result<Vec<Finding>, StoreError> {
-    let rows = state
-        .store
-        .edge_rollups(&RollupQuery {
-            since_unix_nano: since,
-            until_unix_nano: until,
-            service,
-            hourly: true,
-            ..Default::default()
-        })
-        .await?;
+/// The findings of the rows the service map also reads, without example traces.
+pub fn of_rows(rows: &Rows, tolerance_ms: f64) -> Vec<Finding> {
     let mut edges: BTreeMap<(HopId, HopId), EdgeRollup> = BTreeMap::new();
-    for ((caller_service, caller_operation, callee_service, callee_operation, _), rollup) in rows {
+    for ((caller_service, caller_operation, callee_service, callee_operation, _), rollup) in
+        &rows.edges
+    {
         edges
             .entry((
-                (caller_service, caller_operation),
-                (callee_service, callee_operation),
+                (caller_service.clone(), caller_operation.clone()),
+                (callee_service.clone(), callee_operation.clone()),
             ))
             .or_default()
-            .merge(&rollup);
+            .merge(rollup);
     }
-    let hops = state
-        .store
-        .hop_rollups(&RollupQuery {
-            since_unix_nano: since,
-            until_unix_nano: until,
-            hourly: true,
-            ..Default::default()
-        })
-        .await?;
     let mut received: BTreeMap<HopId, Histogram> = BTreeMap::new();
-    for row in hops {
+    for row in &rows.hops {
         received
-            .entry((row.service, row.operation))
+            .entry((row.service.clone(), row.operation.clone()))
             .or_default()
             .merge(&row.rollup.budget);
     }
-    Ok(edge_findings(&edges, &received, state.analyze.tolerance_ms))
+    edge_findings(&edges, &received, tolerance_ms)
 }
 
 /// Up to three traces of the window with the finding's flag at its callee (or, for a peer

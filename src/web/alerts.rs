@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, check_params};
 use super::search::parse_time;
 use crate::core::alerts::backtest::Backtest;
 use crate::core::alerts::rules::{Rule, RuleError, RuleSource, RuleSpec, validate_rule};
@@ -25,16 +25,6 @@ const MAX_LIMIT: u32 = 10_000;
 
 fn now() -> u64 {
     crate::clock::now_unix_nano()
-}
-
-fn check_params(params: &BTreeMap<String, String>, known: &[&str]) -> Result<(), ApiError> {
-    match params.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(unknown) => Err(ApiError::bad_request(
-            "invalid_parameter",
-            format!("parameter {unknown}: unknown; use {}", known.join(", ")),
-        )),
-        None => Ok(()),
-    }
 }
 
 fn limit(params: &BTreeMap<String, String>, default: u32) -> Result<u32, ApiError> {

@@ -160,3 +160,22 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// Refuses a query parameter outside `known`, naming those that are ("use a, b or c").
+pub fn check_params(
+    params: &std::collections::BTreeMap<String, String>,
+    known: &[&str],
+) -> Result<(), ApiError> {
+    let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) else {
+        return Ok(());
+    };
+    let names = match known {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    };
+    Err(ApiError::bad_request(
+        "invalid_parameter",
+        format!("parameter {unknown}: unknown; use {names}"),
+    ))
+}

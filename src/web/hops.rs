@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, State};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, check_params};
 use super::search::parse_time;
 use crate::core::analyze::hops::{COUNTED, Rollup};
 use crate::store::query::RollupQuery;
@@ -97,15 +97,7 @@ pub async fn hops(
     State(state): State<AppState>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(unknown) = params
-        .keys()
-        .find(|k| !["since", "until", "service"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "invalid_parameter",
-            format!("parameter {unknown}: unknown; use since, until or service"),
-        ));
-    }
+    check_params(&params, &["since", "until", "service"])?;
     let (since, until) = time_range(&params, crate::clock::now_unix_nano())?;
     let service = params
         .get("service")
@@ -147,15 +139,7 @@ pub async fn series(
     Path((service, operation)): Path<(String, String)>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(unknown) = params
-        .keys()
-        .find(|k| !["since", "until", "step"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "invalid_parameter",
-            format!("parameter {unknown}: unknown; use since, until or step"),
-        ));
-    }
+    check_params(&params, &["since", "until", "step"])?;
     let (since, until) = time_range(&params, crate::clock::now_unix_nano())?;
     let step = match params.get("step").filter(|s| !s.is_empty()) {
         Some(text) => humantime::parse_duration(text)

@@ -10,7 +10,7 @@ use axum::extract::{Query, State};
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, check_params};
 use crate::core::analyze::edges::{EDGE_COUNTED, EdgeKey, EdgeRollup};
 use crate::core::analyze::hops::{HopRollupRow, Rollup};
 use crate::store::query::RollupQuery;
@@ -107,26 +107,43 @@ pub struct ServiceMap {
 
 type NodeKey = (String, Option<String>);
 
-/// The map of `[since, until)` (minute-aligned), of every service or the edges of one.
-pub async fn load(
+/// The rollups of `[since, until)` (minute-aligned) that the map and the advisor read: every
+/// hop's, and the edges of every service or of one.
+pub struct Rows {
+    pub hops: Vec<HopRollupRow>,
+    pub edges: Vec<(EdgeKey, EdgeRollup)>,
+}
+
+pub async fn rows(
     store: &dyn Store,
     since: u64,
     until: u64,
-    group: Group,
     service: Option<&str>,
-) -> Result<ServiceMap, StoreError> {
+) -> Result<Rows, StoreError> {
     let query = RollupQuery {
         since_unix_nano: since,
         until_unix_nano: until,
         hourly: true,
         ..Default::default()
     };
-    let edges = store
-        .edge_rollups(&RollupQuery { service, ..query })
-        .await?;
-    let hops = store.hop_rollups(&query).await?;
+    Ok(Rows {
+        edges: store
+            .edge_rollups(&RollupQuery { service, ..query })
+            .await?,
+        hops: store.hop_rollups(&query).await?,
+    })
+}
+
+/// The map of `[since, until)` from its rows.
+pub fn of_rows(
+    rows: Rows,
+    since: u64,
+    until: u64,
+    group: Group,
+    service: Option<&str>,
+) -> ServiceMap {
     let minutes = ((until - since) as f64 / 60e9).max(1.0);
-    Ok(build(hops, edges, group, service, minutes))
+    build(rows.hops, rows.edges, group, service, minutes)
 }
 
 /// The map from rollup rows: pure, so tests and the page share it.
@@ -330,15 +347,7 @@ pub async fn map(
     State(state): State<AppState>,
     Query(params): Query<BTreeMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    if let Some(unknown) = params
-        .keys()
-        .find(|k| !["since", "until", "service", "group"].contains(&k.as_str()))
-    {
-        return Err(ApiError::bad_request(
-            "invalid_parameter",
-            format!("parameter {unknown}: unknown; use since, until, service or group"),
-        ));
-    }
+    check_params(&params, &["since", "until", "service", "group"])?;
     let (since, until) = super::hops::time_range(&params, crate::clock::now_unix_nano())?;
     let group = Group::parse(params.get("group").map_or("", String::as_str)).ok_or_else(|| {
         ApiError::bad_request(
@@ -350,7 +359,8 @@ pub async fn map(
         .get("service")
         .map(String::as_str)
         .filter(|s| !s.is_empty());
-    let map = load(state.store.as_ref(), since, until, group, service).await?;
+    let rows = rows(state.store.as_ref(), since, until, service).await?;
+    let map = of_rows(rows, since, until, group, service);
     let mut answer = to_json(&map);
     answer["since_unix_nano"] = json!(since);
     answer["until_unix_nano"] = json!(until);

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::core::advice::HopId;
 use crate::web::AppState;
-use crate::web::map::{Group, Health, ServiceMap, load};
+use crate::web::map::{Group, Health, ServiceMap, of_rows, rows};
 
 const NODE_W: i64 = 200;
 const NODE_H: i64 = 56;
@@ -92,13 +92,14 @@ pub async fn map(
         .unwrap_or_default();
     let (since, until) = range.aligned();
     let only = Some(service.as_str()).filter(|s| !s.is_empty());
-    let map = load(state.store.as_ref(), since, until, group, only).await?;
+    // One read serves the picture and the advisor's marks.
+    let rows = rows(state.store.as_ref(), since, until, only).await?;
     let advice: Vec<(HopId, HopId, &'static str)> =
-        crate::web::advisor::findings(&state, since, until, only)
-            .await?
+        crate::web::advisor::of_rows(&rows, state.analyze.tolerance_ms)
             .into_iter()
             .map(|finding| (finding.caller, finding.callee, finding.kind))
             .collect();
+    let map = of_rows(rows, since, until, group, only);
     Ok(html(StatusCode::OK, &page(&map, &range, &service, &advice)))
 }
 
