@@ -189,6 +189,17 @@ async fn wait_for_url(client: &Client, what: &str, done: impl Fn(&str) -> bool) 
     }
 }
 
+/// The text of the first element `css` selects.
+async fn text_of(client: &Client, css: &str) -> String {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|_| panic!("no element {css}"))
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Clicks the element a CSS selector finds (panicking with the selector when there is none).
 async fn click(client: &Client, css: &str) {
     client
@@ -304,13 +315,7 @@ async fn the_ui_in_a_real_browser() {
     wait_for(&client, "table.hops").await;
     assert_eq!(client.title().await.unwrap(), "Overview · budgetscope");
     // Every flag shows on the overview: counted per hop, or as a search.
-    let columns = client
-        .find(Locator::Css("table.hops thead"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let columns = text_of(&client, "table.hops thead").await;
     for column in ["Doomed", "Refused", "Retries", "Wasted time"] {
         assert!(columns.contains(column), "{column} in {columns}");
     }
@@ -336,13 +341,7 @@ async fn the_ui_in_a_real_browser() {
             .await
             .starts_with("/hops/inventory/GET%20%2Fstock")
     );
-    let heading = client
-        .find(Locator::Css("h1"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let heading = text_of(&client, "h1").await;
     assert!(heading.contains("inventory GET /stock"), "{heading}");
     screenshot(&client, "hop.png").await;
     client.back().await.unwrap();
@@ -399,13 +398,7 @@ async fn the_ui_in_a_real_browser() {
         "the arrow is drawn: {drawn}"
     );
     assert_ne!(drawn[2], "none", "{drawn}");
-    let edges = client
-        .find(Locator::Css("#edges-h + .table-wrap tbody"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let edges = text_of(&client, "#edges-h + .table-wrap tbody").await;
     assert!(
         edges.contains("edge") && edges.contains("inventory"),
         "{edges}"
@@ -430,13 +423,7 @@ async fn the_ui_in_a_real_browser() {
     // The advisor, from the main navigation.
     click(&client, r#"header nav a[href="/advisor"]"#).await;
     wait_for(&client, "h1").await;
-    let advice = client
-        .find(Locator::Css("main"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let advice = text_of(&client, "main").await;
     assert!(
         advice.contains("What to change")
             && (advice.contains("finding") || advice.contains("Nothing to change")),
@@ -481,13 +468,7 @@ async fn the_ui_in_a_real_browser() {
         .await
         .unwrap();
     wait_for(&client, ".waterfall").await;
-    let verdict = client
-        .find(Locator::Css(".verdict"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let verdict = text_of(&client, ".verdict").await;
     assert!(
         verdict.starts_with("Exceeded: answered in ")
             && verdict
@@ -586,13 +567,7 @@ async fn the_ui_in_a_real_browser() {
     // Beside a typical request of the same endpoint: the healthy one exported first.
     click(&client, "#compare-typical").await;
     wait_for(&client, "table.compare").await;
-    let told = client
-        .find(Locator::Css("ul.differences"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let told = text_of(&client, "ul.differences").await;
     assert!(
         told.contains("inventory GET /stock spent 1.1 s less on its own work in B"),
         "{told}"
@@ -709,13 +684,7 @@ async fn the_ui_in_a_real_browser() {
         .goto(&format!("{base}/traces/0123456789abcdef0123456789abcdef"))
         .await
         .unwrap();
-    let error = client
-        .find(Locator::Css(".error-page"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let error = text_of(&client, ".error-page").await;
     assert!(error.contains("Trace not found"), "{error}");
     screenshot(&client, "not-found.png").await;
     // The 404 itself is logged by Chromium as a failed resource; it is the expected answer.
