@@ -121,8 +121,16 @@ fn pure(rules: &RuleSet, now: u64) {
         let evaluating = Instant::now();
         for rule in &rules.rules {
             let long = &windows[&(rule.window.as_secs() / 60)];
-            let outcome =
-                eval::evaluate(rule, now, Windows { long, short: None }, &BTreeMap::new());
+            let outcome = eval::evaluate(
+                rule,
+                now,
+                Windows {
+                    long,
+                    short: None,
+                    findings: None,
+                },
+                &BTreeMap::new(),
+            );
             instances += outcome.instances.len();
         }
         eval_times.push(evaluating.elapsed());

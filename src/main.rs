@@ -56,6 +56,9 @@ enum Command {
     Serve(budgetscope::server::config::ServeArgs),
     /// Analyse traces from an OTLP/JSON file or stdin and print their budget waterfalls.
     Analyze(budgetscope::cli::analyze::AnalyzeArgs),
+    /// Print the advisor's findings (what each hop's timeout, reserve, fail-fast threshold
+    /// and retry policy should be) from a database or a running server.
+    Advise(budgetscope::cli::advise::AdviseArgs),
     /// Start a server and a live shop of instrumented services that make every budget
     /// mistake, to try budgetscope; with --endpoint, send generated traces to a running server.
     Demo(budgetscope::cli::demo::DemoArgs),
@@ -95,18 +98,39 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve(args).await,
             Command::Analyze(args) => budgetscope::cli::analyze::run(args),
+            Command::Advise(args) => {
+                let fail = args.fail_on_finding;
+                if budgetscope::cli::advise::run(args).await? && fail {
+                    return Err(FoundAdvice.into());
+                }
+                Ok(())
+            }
             Command::Demo(args) => budgetscope::cli::demo::run(args, shutdown_signal()?).await,
             Command::Rules(RulesCommand::Check { file }) => rules_check(&file),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.is::<FoundAdvice>() => ExitCode::from(3),
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
     }
 }
+
+/// `budgetscope advise --fail-on-finding` found something: exit status 3, no error line
+/// (the findings are printed).
+#[derive(Debug)]
+struct FoundAdvice;
+
+impl std::fmt::Display for FoundAdvice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the advisor has findings")
+    }
+}
+
+impl std::error::Error for FoundAdvice {}
 
 async fn serve(args: budgetscope::server::config::ServeArgs) -> anyhow::Result<()> {
     let config = args.validate()?;

@@ -196,6 +196,8 @@ async fn the_hop_page_says_how_its_requests_went() {
             Critical path, mean 37 ms
             Critical hop of exceeded 0.0 % of 1 (on the path of 1)
             All traces through this hop → · Alert on this hop…
+            Advice
+            Nothing to change in this range for this hop or its calls ( what the advisor checks ).
             Deadline exceeded over time
             From the analysed traces.
             Budget received

@@ -358,6 +358,7 @@ mod tests {
                 spent: None,
                 critical: Default::default(),
                 calls: Vec::new(),
+                advice: Default::default(),
             },
             1,
         );

@@ -13,6 +13,7 @@ use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
 use super::{RollupStore, StoreError};
 use crate::core::analyze::Flag;
+use crate::core::analyze::advice_stats::{AdviceRollup, AdviceSample, RequestShape};
 use crate::core::analyze::edges::{EdgeKey, EdgeRollup, EdgeSample};
 use crate::core::analyze::histogram::Histogram;
 use crate::core::analyze::hops::{
@@ -25,7 +26,7 @@ pub(crate) const HOUR_NANOS: u64 = 3_600_000_000_000;
 
 pub(crate) const ROLLUP_COLUMNS: &str = "service, operation, minute_unix_nano, requests, inherited_exceed, \
      local_exceed, overspent, inflated, dropped, doomed, refused, retry, origin, wasted_ms, budget_hist, burn_hist, self_hist, \
-     critical_ms, exceeded_requests, critical_exceeded, dominant_exceeded";
+     critical_ms, exceeded_requests, critical_exceeded, dominant_exceeded, advice";
 
 /// The conflict clause of both backends' rollup upserts.
 pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute_unix_nano) DO UPDATE SET \
@@ -35,7 +36,7 @@ pub(crate) const ROLLUP_UPSERT: &str = " ON CONFLICT (service, operation, minute
      retry = excluded.retry, origin = excluded.origin, wasted_ms = excluded.wasted_ms, budget_hist = excluded.budget_hist, \
      burn_hist = excluded.burn_hist, self_hist = excluded.self_hist, critical_ms = excluded.critical_ms, \
      exceeded_requests = excluded.exceeded_requests, critical_exceeded = excluded.critical_exceeded, \
-     dominant_exceeded = excluded.dominant_exceeded";
+     dominant_exceeded = excluded.dominant_exceeded, advice = excluded.advice";
 
 #[async_trait]
 impl<B> RollupStore for SqlStore<B>
@@ -170,6 +171,18 @@ struct StoredHop(
     #[serde(default)] Option<String>,
     #[serde(default)] Option<(f64, bool, bool, bool)>,
     #[serde(default)] Vec<(String, String, i64, String, String, String, String, String)>,
+    #[serde(default)] Option<StoredAdvice>,
+);
+
+/// A hop sample's `AdviceSample`: exceeded, inflating, tail, kept, short reserve, and at
+/// the edge hop (need, clean exceeded, reached, layers).
+type StoredAdvice = (
+    bool,
+    bool,
+    Option<f64>,
+    Option<f64>,
+    bool,
+    Option<(Option<f64>, bool, u32, u32)>,
 );
 
 /// A trace's hop samples for its summary's `hops` column, so that re-analysing the trace
@@ -224,6 +237,16 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
                         )
                     })
                     .collect(),
+                Some((
+                    hop.advice.exceeded,
+                    hop.advice.inflating,
+                    hop.advice.tail_ms,
+                    hop.advice.kept_ms,
+                    hop.advice.short_reserve,
+                    hop.advice
+                        .request
+                        .map(|r| (r.need_ms, r.clean_exceeded, r.reached, r.layers)),
+                )),
             )
         })
         .collect();
@@ -249,6 +272,7 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                 spent,
                 critical,
                 calls,
+                advice,
             )| {
                 HopSample {
                     service,
@@ -313,10 +337,72 @@ pub(crate) fn decode_hops(text: &str) -> Vec<HopSample> {
                             },
                         )
                         .collect(),
+                    advice: advice
+                        .map(
+                            |(exceeded, inflating, tail_ms, kept_ms, short_reserve, request)| {
+                                AdviceSample {
+                                    exceeded,
+                                    inflating,
+                                    tail_ms,
+                                    kept_ms,
+                                    short_reserve,
+                                    request: request.map(
+                                        |(need_ms, clean_exceeded, reached, layers)| RequestShape {
+                                            need_ms,
+                                            clean_exceeded,
+                                            reached,
+                                            layers,
+                                        },
+                                    ),
+                                }
+                            },
+                        )
+                        .unwrap_or_default(),
                 }
             },
         )
         .collect()
+}
+
+/// An `AdviceRollup` as the `advice` column keeps it: a JSON array of its counts (in
+/// `ADVICE_COUNTED` order), its four histograms and its reached tally ("27:1,3:40").
+pub(crate) fn encode_advice(advice: &AdviceRollup) -> String {
+    let reached: Vec<i64> = advice
+        .reached
+        .iter()
+        .flat_map(|(k, c)| [i64::from(*k), *c])
+        .collect();
+    serde_json::to_string(&(
+        encode_counts(&advice.counts),
+        advice.exceeded_budget.encode(),
+        advice.tail.encode(),
+        advice.kept.encode(),
+        advice.need.encode(),
+        encode_counts(&reached),
+    ))
+    .unwrap_or_default()
+}
+
+/// What `encode_advice` wrote; empty (rows from before the column) or malformed text reads
+/// as nothing counted.
+pub(crate) fn decode_advice(text: &str) -> AdviceRollup {
+    let Ok((counts, exceeded, tail, kept, need, reached)) =
+        serde_json::from_str::<(String, String, String, String, String, String)>(text)
+    else {
+        return AdviceRollup::default();
+    };
+    let pairs: Vec<i64> = reached.split(',').filter_map(|v| v.parse().ok()).collect();
+    AdviceRollup {
+        counts: decode_counts(&counts),
+        exceeded_budget: Histogram::decode(&exceeded),
+        tail: Histogram::decode(&tail),
+        kept: Histogram::decode(&kept),
+        need: Histogram::decode(&need),
+        reached: pairs
+            .chunks_exact(2)
+            .filter_map(|p| Some((u32::try_from(p[0]).ok()?, p[1])))
+            .collect(),
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -342,6 +428,7 @@ pub struct StoredRollup {
     pub exceeded_requests: i64,
     pub critical_exceeded: i64,
     pub dominant_exceeded: i64,
+    pub advice: String,
 }
 
 impl StoredRollup {
@@ -373,6 +460,7 @@ impl StoredRollup {
                     exceeded_on_path: self.critical_exceeded,
                     exceeded_dominant: self.dominant_exceeded,
                 },
+                advice: decode_advice(&self.advice),
                 reported: Default::default(),
             },
         }
@@ -511,7 +599,8 @@ where
                     .push_bind(row.rollup.critical.ms)
                     .push_bind(row.rollup.critical.exceeded)
                     .push_bind(row.rollup.critical.exceeded_on_path)
-                    .push_bind(row.rollup.critical.exceeded_dominant);
+                    .push_bind(row.rollup.critical.exceeded_dominant)
+                    .push_bind(encode_advice(&row.rollup.advice));
             });
             upsert.push(ROLLUP_UPSERT);
             upsert.build().execute(&mut *conn).await?;
@@ -549,6 +638,7 @@ mod tests {
                     spent: None,
                     critical: Default::default(),
                     calls: Vec::new(),
+                    advice: Default::default(),
                 }
             };
         vec![

@@ -307,9 +307,14 @@ pub async fn backtest_spec(
     probe.name.get_or_insert_with(|| "backtest".into());
     let rule =
         validate_rule(&probe, "the rule", RuleSource::Database, &BTreeSet::new()).map_err(Ok)?;
-    alerter::backtest(state.store.as_ref(), &rule, now())
-        .await
-        .map_err(|e| Err(e.into()))
+    alerter::backtest(
+        state.store.as_ref(),
+        &rule,
+        now(),
+        state.analyze.tolerance_ms,
+    )
+    .await
+    .map_err(|e| Err(e.into()))
 }
 
 pub async fn backtest(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::eval::{self, Change, HopKey, HopRollups, Instance, Severity, Windows};
 use super::rules::Rule;
+use crate::core::advice::{finding_counts, findings};
 use crate::core::analyze::hops::Rollup;
 
 const MINUTE: u64 = 60_000_000_000;
@@ -59,7 +60,13 @@ fn window_minutes(length: std::time::Duration) -> u64 {
 /// Evaluates `rule` (as if it were not paused) at every minute boundary `t` of `[from,
 /// to)`, its window covering the whole minutes before `t`. `minutes` holds the selected
 /// hops' rollups from `from − window` on.
-pub fn backtest(rule: &Rule, minutes: &MinuteRollups, from: u64, to: u64) -> Backtest {
+pub fn backtest(
+    rule: &Rule,
+    minutes: &MinuteRollups,
+    from: u64,
+    to: u64,
+    tolerance_ms: f64,
+) -> Backtest {
     let mut rule = rule.clone();
     rule.paused = false;
     let (from, to) = (from - from % MINUTE, to - to % MINUTE);
@@ -94,9 +101,15 @@ pub fn backtest(rule: &Rule, minutes: &MinuteRollups, from: u64, to: u64) -> Bac
                 slide(&mut short, minutes, last, last.checked_sub(s * MINUTE));
             }
         }
+        // A finding rule replays the hops' own findings; the edges' are not in `minutes`.
+        let findings = rule
+            .signal
+            .finding_kind()
+            .map(|_| finding_counts(&findings(&long, &BTreeMap::new(), tolerance_ms)));
         let windows = Windows {
             long: &long,
             short: short_len.map(|_| &short),
+            findings: findings.as_ref(),
         };
         let outcome = eval::evaluate(&rule, t, windows, &previous);
         result.evaluations += 1;
@@ -170,7 +183,13 @@ mod tests {
             by_minute.insert(start + m * MINUTE, rollup);
         }
         let minutes = BTreeMap::from([(("inventory".to_string(), "GET /".to_string()), by_minute)]);
-        let result = backtest(&rule, &minutes, start + 5 * MINUTE, start + 30 * MINUTE);
+        let result = backtest(
+            &rule,
+            &minutes,
+            start + 5 * MINUTE,
+            start + 30 * MINUTE,
+            50.0,
+        );
         assert_eq!(result.evaluations, 26);
         assert_eq!(result.hops, 1);
         assert_eq!(result.episodes.len(), 1, "{result:?}");

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::rules::{Rule, Signal};
+use crate::core::advice::FindingCounts;
 use crate::core::analyze::hops::Rollup;
 
 /// (service, operation): a hop identity.
@@ -125,6 +126,9 @@ pub type HopRollups = BTreeMap<HopKey, Rollup>;
 pub struct Windows<'a> {
     pub long: &'a HopRollups,
     pub short: Option<&'a HopRollups>,
+    /// The advisor's findings over the long window, for the `finding_*` signals (none: they
+    /// read 0).
+    pub findings: Option<&'a FindingCounts>,
 }
 
 /// What one evaluation of one rule decided.
@@ -180,6 +184,17 @@ pub fn signal_value(signal: Signal, rollup: &Rollup, objective: Option<f64>) -> 
             let r = &rollup.reported;
             ratio(r.local_exceeds, r.received_count - r.inherited_exceeds)
         }
+        // Findings need more than the hop's rollup: `Reading::of` reads them.
+        Signal::FindingDropped
+        | Signal::FindingClamped
+        | Signal::FindingFixedTimeout
+        | Signal::FindingRetryBudget
+        | Signal::FindingTimeoutBackstop
+        | Signal::FindingInflatingHop
+        | Signal::FindingMinUsefulBudget
+        | Signal::FindingReserve
+        | Signal::FindingRetryLayers
+        | Signal::FindingInfeasibleBudget => None,
     }
 }
 
@@ -200,8 +215,19 @@ impl Reading {
                 .and_then(|r| signal_value(rule.signal, r, rule.objective)),
             _ => None,
         };
+        let value = match rule.signal.finding_kind() {
+            Some(kind) => Some(
+                windows
+                    .findings
+                    .and_then(|f| f.get(key))
+                    .and_then(|kinds| kinds.get(kind))
+                    .copied()
+                    .unwrap_or(0) as f64,
+            ),
+            None => signal_value(rule.signal, long, rule.objective),
+        };
         Reading {
-            value: signal_value(rule.signal, long, rule.objective),
+            value,
             short_value,
             requests: if rule.signal.reads_metrics() {
                 long.reported.received_count
@@ -501,6 +527,7 @@ mod tests {
         Windows {
             long: hops,
             short: None,
+            findings: None,
         }
     }
 
@@ -733,6 +760,7 @@ mod tests {
             Windows {
                 long,
                 short: Some(short),
+                findings: None,
             }
         }
         // 20 % of the budget of errors over the hour, but the last 5 minutes are clean.

@@ -61,6 +61,19 @@ signals! {
     MetricInheritedExceedCount = "metric_inherited_exceed_count",
     /// Metrics' local exceeds ÷ (budgets received − inherited exceeds).
     MetricLocalExceedRatio = "metric_local_exceed_ratio",
+    /// The advisor's findings of each kind over the window (`core::advice`): the requests
+    /// (calls) a finding of that kind at the hop is about, 0 when there is none; an edge's
+    /// finding counts at its calling hop. `> 0` fires when the finding appears.
+    FindingDropped = "finding_dropped",
+    FindingClamped = "finding_clamped",
+    FindingFixedTimeout = "finding_fixed_timeout",
+    FindingRetryBudget = "finding_retry_budget",
+    FindingTimeoutBackstop = "finding_timeout_backstop",
+    FindingInflatingHop = "finding_inflating_hop",
+    FindingMinUsefulBudget = "finding_min_useful_budget",
+    FindingReserve = "finding_reserve",
+    FindingRetryLayers = "finding_retry_layers",
+    FindingInfeasibleBudget = "finding_infeasible_budget",
 }
 
 impl Signal {
@@ -99,8 +112,16 @@ impl Signal {
         )
     }
 
+    /// The advisor's finding kind a `finding_*` signal watches.
+    pub fn finding_kind(self) -> Option<&'static str> {
+        self.as_str().strip_prefix("finding_")
+    }
+
     /// The flag whose traces show the problem, for example traces in notifications.
     pub fn flag(self) -> Option<Flag> {
+        if let Some(kind) = self.finding_kind() {
+            return crate::core::advice::example_flag(kind);
+        }
         match self {
             Signal::LocalExceedRatio
             | Signal::LocalExceedCount
@@ -116,10 +137,7 @@ impl Signal {
             Signal::DoomedCount => Some(Flag::Doomed),
             Signal::RetryRatio => Some(Flag::Retry),
             Signal::WastedMs => Some(Flag::Wasted),
-            Signal::Requests
-            | Signal::SelfMsP95
-            | Signal::BudgetReceivedP50
-            | Signal::CriticalShare => None,
+            _ => None,
         }
     }
 }

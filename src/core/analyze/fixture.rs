@@ -147,6 +147,46 @@ fn id(n: u64) -> SpanId {
     SpanId(n.max(1).to_be_bytes())
 }
 
+/// Three layers (edge → a → b → leaf), each making three attempts at the next: 27 calls
+/// reach the leaf, which fails every time (`grpc-status=14`). With `fresh`, every call
+/// sends a fresh 1 s timeout (more than is left); otherwise what is left.
+pub fn retry_storm(fresh: bool) -> String {
+    let budget = |left: f64| if fresh { 1000.0 } else { left };
+    let mut text = format!("edge server \"GET /\" 0 9100 budget={}\n", budget(10000.0));
+    for a in 0..3 {
+        let start = 1.0 + f64::from(a) * 3000.0;
+        let left = 9990.0 - start;
+        text += &format!("  edge client \"A\" {start} 2950 budget={}\n", budget(left));
+        text += &format!(
+            "    a server \"A\" {start} 2950 budget={}\n",
+            budget(left - 1.0)
+        );
+        for b in 0..3 {
+            let b_start = start + 1.0 + f64::from(b) * 960.0;
+            text += &format!(
+                "      a client \"B\" {b_start} 950 budget={}\n",
+                budget(950.0)
+            );
+            text += &format!(
+                "        b server \"B\" {b_start} 950 budget={}\n",
+                budget(949.0)
+            );
+            for c in 0..3 {
+                let c_start = b_start + 1.0 + f64::from(c) * 310.0;
+                text += &format!(
+                    "          b client \"C\" {c_start} 300 budget={}\n",
+                    budget(300.0)
+                );
+                text += &format!(
+                    "            leaf server \"C\" {c_start} 300 budget={} grpc-status=14\n",
+                    budget(299.0)
+                );
+            }
+        }
+    }
+    text
+}
+
 /// Moves every span of `service` by `ms` (a host clock that is off).
 pub fn shift_service(spans: &mut [Span], service: &str, ms: f64) {
     for span in spans.iter_mut().filter(|s| s.service == service) {

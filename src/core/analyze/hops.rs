@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use std::collections::{HashMap, HashSet};
 
+use super::advice_stats::{AdviceRollup, AdviceSample, advice_samples};
 use super::edges::{EdgeKey, EdgeRollup, EdgeSample, edge_samples};
 use super::histogram::Histogram;
 use super::{Analysis, Exceed, Flag, Outcome, Role};
@@ -31,6 +32,8 @@ pub struct HopSample {
     pub critical: CriticalSample,
     /// The calls the hop made, one sample per callee.
     pub calls: Vec<EdgeSample>,
+    /// What the advisor's hop findings read (`advice_stats`).
+    pub advice: AdviceSample,
 }
 
 /// A hop's part in one request's critical path (docs/budget-semantics.md, "The critical
@@ -117,6 +120,7 @@ fn counted_index(flag: Flag) -> Option<usize> {
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
     let spent = spent_arrivals(spans, analysis);
     let mut calls = edge_samples(spans, analysis, analysis.tolerance_ms);
+    let mut advice = advice_samples(spans, analysis, &calls);
     let exceeded = analysis.outcome == Outcome::Exceeded;
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
     for (r, row) in analysis.rows.iter().enumerate() {
@@ -144,6 +148,7 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
                     dominant: analysis.critical_hop == Some(r),
                 },
                 calls: calls.remove(&row.span).unwrap_or_default(),
+                advice: advice.remove(&r).unwrap_or_default(),
             },
         );
     }
@@ -190,6 +195,7 @@ pub struct Rollup {
     pub burn: Histogram,
     pub self_ms: Histogram,
     pub critical: CriticalCounts,
+    pub advice: AdviceRollup,
     /// What the hop's own deadline metrics reported (every request, not only sampled
     /// traces); never derived from spans, read beside the rollups (`Store::reported`).
     pub reported: Reported,
@@ -248,6 +254,7 @@ impl Rollup {
         }
         self.self_ms.record(sample.self_ms, weight);
         self.critical.add(&sample.critical, weight);
+        self.advice.add(&sample.advice, sample.budget_ms, weight);
     }
 
     pub fn merge(&mut self, other: &Rollup) {
@@ -260,6 +267,7 @@ impl Rollup {
         self.burn.merge(&other.burn);
         self.self_ms.merge(&other.self_ms);
         self.critical.merge(&other.critical, 1);
+        self.advice.merge_weighted(&other.advice, 1);
         self.reported.merge(&other.reported, 1);
     }
 
@@ -274,6 +282,7 @@ impl Rollup {
         self.burn.unmerge(&other.burn);
         self.self_ms.unmerge(&other.self_ms);
         self.critical.merge(&other.critical, -1);
+        self.advice.merge_weighted(&other.advice, -1);
         self.reported.merge(&other.reported, -1);
     }
 

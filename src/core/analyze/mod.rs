@@ -14,6 +14,7 @@
 //!   after `D_h`, the same test as `overspent`.
 //! - Calls without an owner hop (a root CLIENT span) group their retries by parent span.
 
+pub mod advice_stats;
 mod critical;
 pub mod edges;
 pub mod fixture;
@@ -47,7 +48,7 @@ impl Default for AnalyzeOptions {
 /// index term or a hop sample holds): summaries store it, and a server that finds summaries
 /// analysed under other rules re-analyses them (docs/budget-semantics.md, "When the rules
 /// change").
-pub const RULES_VERSION: u32 = 4;
+pub const RULES_VERSION: u32 = 5;
 
 /// What a stored analysis was produced with: the rules' version and τ.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -428,24 +428,7 @@ fn clock_skew_of_5s_either_way_raises_no_flag_and_is_shown_as_a_shift() {
 #[test]
 fn three_layers_each_retrying_twice_with_fresh_budgets_reach_the_leaf_27_times() {
     // Every layer makes 3 attempts downstream, each with a fresh 1 s timeout.
-    let mut fixture = String::from("edge server \"GET /\" 0 9000 budget=1000\n");
-    let mut next_start = 1.0;
-    for a in 0..3 {
-        let start = next_start;
-        fixture += &format!("  edge client \"a\" {start} 2900 budget=1000\n");
-        fixture += &format!("    a server \"A\" {start} 2900 budget=1000\n");
-        for b in 0..3 {
-            let b_start = start + 1.0 + b as f64 * 960.0;
-            fixture += &format!("      a client \"b\" {b_start} 950 budget=1000\n");
-            fixture += &format!("        b server \"B\" {b_start} 950 budget=1000\n");
-            for c in 0..3 {
-                let c_start = b_start + 1.0 + c as f64 * 310.0;
-                fixture += &format!("          b client \"c\" {c_start} 300 budget=1000\n");
-                fixture += &format!("            leaf server \"C\" {c_start} 300 budget=1000\n");
-            }
-        }
-        next_start += 3000.0 + a as f64;
-    }
+    let fixture = crate::core::analyze::fixture::retry_storm(true);
     let spans = parse(&fixture);
     let analysis = run(&spans);
     assert_eq!(analysis.calls_reaching["leaf"], 27);

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_unix_nano;
 
+use crate::core::advice::{self, FindingCounts};
 use crate::core::alerts::eval::{
     self, Change, Evaluation, HopKey, HopRollups, Instance, State, Windows,
 };
@@ -174,6 +175,30 @@ pub async fn evaluate_once(
         .flat_map(|r| std::iter::once(r.window).chain(r.short_window))
         .collect();
     let windows = read_windows(store, &lengths, now, options.delay).await?;
+    // The advisor's findings over each window a `finding_*` rule reads: its hops' rollups
+    // and the window's edges.
+    let mut findings: BTreeMap<Duration, FindingCounts> = BTreeMap::new();
+    for rule in rules.rules.iter().filter(|r| !r.paused) {
+        if rule.signal.finding_kind().is_none() || findings.contains_key(&rule.window) {
+            continue;
+        }
+        let (since, until) = window_range(now, options.delay, rule.window);
+        let edges = store
+            .edge_rollups(&RollupQuery {
+                since_unix_nano: since,
+                until_unix_nano: until,
+                hourly: true,
+                ..Default::default()
+            })
+            .await?;
+        let hops = windows.get(&rule.window).cloned().unwrap_or_default();
+        let found = advice::findings(
+            &hops,
+            &advice::merge_edges(&edges),
+            options.analyze.tolerance_ms,
+        );
+        findings.insert(rule.window, advice::finding_counts(&found));
+    }
     let silences = store.silences().await?;
     let empty = HopRollups::new();
     let mut write = AlertWrite::default();
@@ -186,6 +211,7 @@ pub async fn evaluate_once(
         let windows = Windows {
             long: windows.get(&rule.window).unwrap_or(&empty),
             short: rule.short_window.and_then(|w| windows.get(&w)),
+            findings: findings.get(&rule.window),
         };
         let before = previous.remove(&rule.name).unwrap_or_default();
         evaluated.push((rule, eval::evaluate(rule, now, windows, &before)));
@@ -482,6 +508,7 @@ pub async fn backtest(
     store: &dyn Store,
     rule: &Rule,
     now: u64,
+    tolerance_ms: f64,
 ) -> Result<(crate::core::alerts::backtest::Backtest, usize), StoreError> {
     // Through the end of the current minute, so the backtest sees what just happened.
     let to = (now / MINUTE + 1) * MINUTE;
@@ -538,7 +565,7 @@ pub async fn backtest(
     }
     let result = tokio::task::spawn_blocking({
         let rule = rule.clone();
-        move || crate::core::alerts::backtest::backtest(&rule, &minutes, from, to)
+        move || crate::core::alerts::backtest::backtest(&rule, &minutes, from, to, tolerance_ms)
     })
     .await
     .map_err(|e| StoreError::Unavailable(format!("the backtest stopped: {e}")))?;
@@ -609,6 +636,7 @@ mod tests {
         let windows = Windows {
             long: &hops,
             short: None,
+            findings: None,
         };
         let outcome = eval::evaluate(&rule, 0, windows, &BTreeMap::new());
         let mut instance = outcome.instances[0].clone();

@@ -1,6 +1,6 @@
 //! `/advisor`: the advisor's findings over a range (`web::advisor::load`), grouped by the
-//! calling service, each with its numbers, what to change, and links to the edge's hops and
-//! its example traces.
+//! service they are about (an edge's caller), each with its numbers, what to change, and
+//! links to its hops and example traces.
 
 use std::collections::BTreeMap;
 
@@ -10,17 +10,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{PageError, RangeLink, TimeRange, hop_href, html, trace_href};
-use crate::core::advice::HopId;
+use crate::core::advice::{Finding, HopId, Subject};
 use crate::web::AppState;
-use crate::web::advisor::load;
+use crate::web::advisor::{load, of_service};
 
 pub struct FindingView {
     pub kind: &'static str,
-    pub caller: String,
-    pub caller_href: String,
-    pub callee: String,
-    /// None for a peer that is no instrumented hop.
-    pub callee_href: Option<String>,
+    /// The hop, or the edge's caller and callee: each with its hop page (none for a peer
+    /// that is no instrumented hop).
+    pub ends: Vec<(String, Option<String>)>,
     pub message: String,
     pub recommendation: String,
     pub value: String,
@@ -53,6 +51,35 @@ fn label((service, operation): &HopId) -> String {
     }
 }
 
+/// A finding as the advisor page and the hop page show it (`templates/finding.html`).
+pub fn view(finding: Finding, examples: &[String], range_query: &str) -> FindingView {
+    let end = |hop: &HopId| {
+        (
+            label(hop),
+            (!hop.1.is_empty()).then(|| hop_href(&hop.0, &hop.1, range_query)),
+        )
+    };
+    let ends = match &finding.subject {
+        Subject::Edge { caller, callee } => vec![end(caller), end(callee)],
+        Subject::Hop(hop) => vec![end(hop)],
+    };
+    FindingView {
+        kind: finding.kind,
+        ends,
+        value: match (finding.value_ms, finding.value) {
+            (Some(ms), _) => format!("{} ms", crate::core::analyze::fmt_ms(ms)),
+            (None, Some(n)) => format!("{n:.0} calls"),
+            (None, None) => String::new(),
+        },
+        message: finding.message,
+        recommendation: finding.recommendation,
+        examples: examples
+            .iter()
+            .map(|id| (id[..12].to_string(), trace_href(id)))
+            .collect(),
+    }
+}
+
 pub async fn advisor(
     State(state): State<AppState>,
     Query(params): Query<BTreeMap<String, String>>,
@@ -63,36 +90,17 @@ pub async fn advisor(
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let (since, until) = range.aligned();
-    let found = load(
-        &state,
-        since,
-        until,
-        Some(service.as_str()).filter(|s| !s.is_empty()),
-    )
-    .await?;
+    let only = Some(service.as_str()).filter(|s| !s.is_empty());
+    let found = load(&state, since, until, of_service(only)).await?;
     let count = found.len();
     let range_query = range.query();
     let mut groups: BTreeMap<String, Vec<FindingView>> = BTreeMap::new();
     for (finding, examples) in found {
-        let view = FindingView {
-            kind: finding.kind,
-            caller: label(&finding.caller),
-            caller_href: hop_href(&finding.caller.0, &finding.caller.1, &range_query),
-            callee: label(&finding.callee),
-            callee_href: (!finding.callee.1.is_empty())
-                .then(|| hop_href(&finding.callee.0, &finding.callee.1, &range_query)),
-            value: finding
-                .value_ms
-                .map(|v| format!("{} ms", crate::core::analyze::fmt_ms(v)))
-                .unwrap_or_default(),
-            message: finding.message,
-            recommendation: finding.recommendation,
-            examples: examples
-                .iter()
-                .map(|id| (id[..12].to_string(), trace_href(id)))
-                .collect(),
-        };
-        groups.entry(finding.caller.0).or_default().push(view);
+        let service = finding.subject.service().to_string();
+        groups
+            .entry(service)
+            .or_default()
+            .push(view(finding, &examples, &range_query));
     }
     let mut keep = Vec::new();
     if !service.is_empty() {

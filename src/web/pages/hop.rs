@@ -14,6 +14,7 @@ use super::{
     Badge, PageError, RangeLink, TimeRange, flag_meaning, fmt_duration, fmt_opt_duration,
     fmt_percent, fmt_time, hop_href, html, trace_href,
 };
+use crate::core::advice::Subject;
 use crate::core::analyze::Flag;
 use crate::core::analyze::histogram::Histogram;
 use crate::core::analyze::hops::{FlagsAt, Rollup, Spent};
@@ -84,6 +85,9 @@ pub struct HopPage {
     pub firing: Vec<super::alerts::InstanceRow>,
     /// The new-rule form, filled in for this hop.
     pub new_rule_href: String,
+    /// The advisor's findings about this hop and the edges to and from it.
+    pub advice: Vec<super::advisor::FindingView>,
+    pub advisor_href: String,
 }
 
 pub async fn hop(
@@ -163,6 +167,17 @@ pub async fn hop(
     let metrics_chart = (!merged.reported.is_empty())
         .then(|| super::exceeded_chart(&range, &rows, super::Exceeds::Metrics).0);
     let range_query = range.query();
+    let this = (service.clone(), operation.clone());
+    let (since, until) = range.aligned();
+    let advice =
+        crate::web::advisor::load(&state, since, until, |finding| match &finding.subject {
+            Subject::Hop(hop) => *hop == this,
+            Subject::Edge { caller, callee } => *caller == this || *callee == this,
+        })
+        .await?
+        .into_iter()
+        .map(|(finding, examples)| super::advisor::view(finding, &examples, &range_query))
+        .collect();
     let facts = vec![
         ("Requests", merged.requests.to_string()),
         ("Ran out here", merged.count("origin").to_string()),
@@ -297,6 +312,12 @@ pub async fn hop(
                 ("operation", operation.as_str())
             ])
         ),
+        advice,
+        advisor_href: {
+            let mut pairs = range.pairs();
+            pairs.push(("service", service.as_str()));
+            format!("/advisor{}", super::query_string(pairs))
+        },
         range_links: range.links(&hop_href(&service, &operation, ""), &[]),
         range_keep: Vec::new(),
         range_description: range.description(),

@@ -97,7 +97,10 @@ pub async fn map(
     let advice: Vec<(HopId, HopId, &'static str)> =
         crate::web::advisor::of_rows(&rows, state.analyze.tolerance_ms)
             .into_iter()
-            .map(|finding| (finding.caller, finding.callee, finding.kind))
+            .filter_map(|finding| {
+                let (caller, callee) = finding.subject.edge()?;
+                Some((caller.clone(), callee.clone(), finding.kind))
+            })
             .collect();
     let map = of_rows(rows, since, until, group, only);
     Ok(html(StatusCode::OK, &page(&map, &range, &service, &advice)))
