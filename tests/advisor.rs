@@ -87,6 +87,25 @@ fn request(tag: u8, n: u8, start: u64, proxy: bool, fixed: bool) -> Vec<Span> {
     ]
 }
 
+/// `POST path` with a JSON body, through the router.
+async fn post(state: &AppState, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use tower::ServiceExt as _;
+    let response = budgetscope::web::app(state.clone())
+        .oneshot(
+            axum::http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap())
+}
+
 async fn findings(state: &AppState) -> serde_json::Value {
     let (status, _, body) = oneshot(state, "/api/advisor?since=-1h").await;
     assert_eq!(status, 200, "{body}");
@@ -229,6 +248,121 @@ async fn the_advisor_finds_a_clamping_proxy_and_a_fixed_timeout() {
             ],
             "{backend}"
         );
+        // What if orders refused what it cannot finish: the 15 clamped requests fail fast;
+        // past what the others bring, those would newly fail.
+        let whatif = |value: u32| {
+            format!(
+                r#"{{"change": "min_useful_budget", "hop": {{"service": "orders", "operation": "POST /orders"}}, "value_ms": {value}, "since": "-1h"}}"#
+            )
+        };
+        let (status, replay) = post(&state, "/api/advisor/whatif", &whatif(320)).await;
+        assert_eq!(status, 200, "{backend}: {replay}");
+        assert_eq!(replay["replayed_traces"], 30, "{backend}");
+        assert_eq!(replay["requests"], 30, "{backend}");
+        assert_eq!(
+            (
+                &replay["changed"],
+                &replay["failed_fast"],
+                &replay["newly_failed"]
+            ),
+            (
+                &serde_json::json!(15),
+                &serde_json::json!(15),
+                &serde_json::json!(0)
+            ),
+            "{backend}: {replay}"
+        );
+        assert!(
+            replay["saved_ms"].as_f64().unwrap() > 15.0 * 500.0,
+            "{replay}"
+        );
+        assert_eq!(
+            replay["example_traces"]["failed_fast"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
+        assert!(
+            replay["assumptions"]
+                .as_str()
+                .unwrap()
+                .contains("keeps every recorded time")
+        );
+        let (_, too_far) = post(&state, "/api/advisor/whatif", &whatif(2000)).await;
+        assert_eq!(
+            (&too_far["failed_fast"], &too_far["newly_failed"]),
+            (&serde_json::json!(15), &serde_json::json!(15))
+        );
+        // Retries off where nothing retried changes nothing.
+        let (_, calm) = post(
+            &state,
+            "/api/advisor/whatif",
+            r#"{"change": "retries_off", "caller": {"service": "orders", "operation": "POST /orders"}, "callee": {"service": "billing", "operation": "Charge"}}"#,
+        )
+        .await;
+        assert_eq!(
+            (&calm["requests"], &calm["changed"]),
+            (&serde_json::json!(30), &serde_json::json!(0)),
+            "{calm}"
+        );
+        for (body, says) in [
+            ("[1, 2]", "the body is not a JSON object"),
+            (
+                r#"{"change": "more_cache"}"#,
+                "use min_useful_budget, reserve, timeout or retries_off",
+            ),
+            (
+                r#"{"change": "reserve", "hop": {"service": "orders", "operation": "POST /orders"}, "value_ms": -3}"#,
+                "expected milliseconds",
+            ),
+            (
+                r#"{"change": "timeout", "service": "orders", "operation": "POST /orders", "value_ms": 5}"#,
+                "give the edge's callee",
+            ),
+            (
+                r#"{"change": "reserve", "colour": "red"}"#,
+                "parameter colour: unknown",
+            ),
+        ] {
+            let (status, error) = post(&state, "/api/advisor/whatif", body).await;
+            assert_eq!(status, 400, "{body}: {error}");
+            assert!(error.to_string().contains(says), "{body}: {error}");
+        }
+        // The page: the finding's form leads to the same replay, kept in its URL.
+        let (_, _, advisor_page) = oneshot(&state, "/advisor?range=1h").await;
+        assert!(
+            advisor_page
+                .contains(r#"<input type="hidden" name="change" value="min_useful_budget">"#),
+            "{backend}"
+        );
+        let (status, _, page) = oneshot(
+            &state,
+            "/advisor/whatif?range=1h&change=min_useful_budget&service=orders&operation=POST%20%2Forders&value_ms=320",
+        )
+        .await;
+        assert_eq!(status, 200, "{backend}");
+        assert!(
+            page.contains(
+                "orders POST /orders refuses requests that arrive with less than 320 ms left"
+            ),
+            "{backend}"
+        );
+        assert!(
+            page.contains("Replayed the 30 most recent traces through it."),
+            "{backend}"
+        );
+        assert!(
+            page.contains("<dt>Would have failed fast instead of failing late</dt><dd>15</dd>"),
+            "{backend}"
+        );
+        assert!(
+            page.contains("<dt>Went well, would newly fail</dt><dd>0</dd>"),
+            "{backend}"
+        );
+        let (status, _, page) = oneshot(&state, "/advisor/whatif?range=1h&change=reserve").await;
+        assert_eq!(status, 400);
+        assert!(page.contains("Open a what-if from a finding on the advisor page"));
         let (status, _, body) = oneshot(&state, "/api/advisor?colour=red").await;
         assert_eq!(status, 400);
         assert!(body.contains("use since, until or service"), "{body}");

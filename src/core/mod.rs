@@ -12,3 +12,4 @@ pub mod analyze;
 pub mod attr_json;
 pub mod budget;
 pub mod model;
+pub mod whatif;

@@ -26,6 +26,7 @@ pub mod map;
 pub mod pages;
 pub mod read;
 pub mod search;
+pub mod whatif;
 
 use std::sync::Arc;
 
@@ -150,6 +151,7 @@ pub fn app(state: AppState) -> Router {
         .route("/api/hops", get(hops::hops))
         .route("/api/map", get(map::map))
         .route("/api/advisor", get(advisor::advisor))
+        .route("/api/advisor/whatif", post(whatif::whatif))
         .route("/api/hops/{service}/{operation}/series", get(hops::series))
         .route("/api/alerts", get(alerts::instances))
         .route(
@@ -183,6 +185,7 @@ pub fn app(state: AppState) -> Router {
         .route("/", get(pages::overview::overview))
         .route("/map", get(pages::map::map))
         .route("/advisor", get(pages::advisor::advisor))
+        .route("/advisor/whatif", get(pages::whatif::whatif))
         .route("/compare", get(pages::compare::compare))
         .route("/traces", get(pages::traces::traces))
         .route("/traces/go", get(pages::traces::go))

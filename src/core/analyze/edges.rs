@@ -97,12 +97,20 @@ impl EdgeRollup {
     }
 }
 
-/// The edge samples of each hop, by the hop's span index.
-pub(super) fn edge_samples(
-    spans: &[Span],
-    analysis: &Analysis,
-    tolerance_ms: f64,
-) -> BTreeMap<usize, Vec<EdgeSample>> {
+/// One call span and the edge it is on.
+pub struct CallEdge {
+    /// Its row.
+    pub call: usize,
+    /// The span index of the hop that made it.
+    pub owner: usize,
+    /// The row of the first hop under it, when it reached an instrumented one.
+    pub callee: Option<usize>,
+    /// The callee's hop identity, or its peer and an empty operation (`EdgeSample`).
+    pub callee_key: (String, String),
+}
+
+/// Every call span made by a hop, with the edge it is on, in waterfall order.
+pub fn call_edges(spans: &[Span], analysis: &Analysis) -> Vec<CallEdge> {
     let row_of: HashMap<usize, usize> = analysis
         .rows
         .iter()
@@ -127,19 +135,45 @@ pub(super) fn edge_samples(
             callee_of.entry(call).or_insert(r);
         }
     }
-    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeRollup>> = BTreeMap::new();
+    let mut out = Vec::new();
     for (c, call) in analysis.rows.iter().enumerate() {
         let Some(owner) = call.owner.filter(|_| call.role == Role::Call) else {
             continue;
         };
-        let callee = callee_of.get(&c).map(|&h| &analysis.rows[h]);
-        let key = match callee {
-            Some(hop) => (
-                spans[hop.span].service.clone(),
-                spans[hop.span].name.clone(),
-            ),
+        let callee = callee_of.get(&c).copied();
+        let callee_key = match callee {
+            Some(h) => {
+                let hop = &spans[analysis.rows[h].span];
+                (hop.service.clone(), hop.name.clone())
+            }
             None => (super::rules::peer_label(&spans[call.span]), String::new()),
         };
+        out.push(CallEdge {
+            call: c,
+            owner,
+            callee,
+            callee_key,
+        });
+    }
+    out
+}
+
+/// The edge samples of each hop, by the hop's span index.
+pub(super) fn edge_samples(
+    spans: &[Span],
+    analysis: &Analysis,
+    tolerance_ms: f64,
+) -> BTreeMap<usize, Vec<EdgeSample>> {
+    let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeRollup>> = BTreeMap::new();
+    for CallEdge {
+        call: c,
+        owner,
+        callee,
+        callee_key: key,
+    } in call_edges(spans, analysis)
+    {
+        let call = &analysis.rows[c];
+        let callee = callee.map(|h| &analysis.rows[h]);
         let edge = by_hop.entry(owner).or_default().entry(key).or_default();
         edge.requests = 1;
         edge.calls += 1;

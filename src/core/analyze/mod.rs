@@ -22,6 +22,7 @@ pub mod histogram;
 pub mod hops;
 mod rules;
 pub use rules::ATTRIBUTES_READ;
+pub use rules::span_failed;
 mod skew;
 pub mod summary;
 pub mod text;

@@ -138,6 +138,26 @@ pub(super) fn is_deadline_class(span: &Span) -> bool {
     grpc || http || error_type
 }
 
+/// A span that ended in failure: an error status, a gRPC status other than OK, an HTTP
+/// status of 500 or more, or a deadline-class answer.
+pub fn span_failed(span: &Span) -> bool {
+    let grpc = match read(span, "rpc.grpc.status_code") {
+        Some(AttrValue::String(s)) => {
+            let s = s.trim();
+            !(s == "0" || s.eq_ignore_ascii_case("OK"))
+        }
+        Some(_) => number(span, "rpc.grpc.status_code").is_some_and(|c| c != 0),
+        None => false,
+    };
+    let http = number(span, "http.response.status_code")
+        .or_else(|| number(span, "http.status_code"))
+        .is_some_and(|c| c >= 500);
+    span.status.code == crate::core::model::StatusCode::Error
+        || grpc
+        || http
+        || is_deadline_class(span)
+}
+
 /// An attempt whose effect the caller cannot know: it timed out, or it recorded no answer.
 fn outcome_unknown(span: &Span) -> bool {
     let answered = [

@@ -23,6 +23,50 @@ pub struct FindingView {
     pub recommendation: String,
     pub value: String,
     pub examples: Vec<(String, String)>,
+    /// The what-if form for the change the finding implies, when it has one.
+    pub whatif: Option<WhatIfForm>,
+}
+
+/// A finding's what-if form: its hidden fields (the range, the change, the hop or edge)
+/// and the milliseconds to try, when the change takes some.
+pub struct WhatIfForm {
+    pub fields: Vec<(String, String)>,
+    pub value_ms: Option<String>,
+}
+
+/// The change a finding implies, as what-if parameters: refusing below the minimum,
+/// keeping the reserve, the backstop timeout, or no retries; none for the others, whose
+/// change is where the budget travels, not a number.
+fn whatif_form(finding: &Finding, range: &TimeRange) -> Option<WhatIfForm> {
+    let (change, with_value) = match finding.kind {
+        "min_useful_budget" => ("min_useful_budget", true),
+        "reserve" => ("reserve", true),
+        "timeout_backstop" => ("timeout", true),
+        "retry_budget" => ("retries_off", false),
+        _ => return None,
+    };
+    let mut fields: Vec<(String, String)> = range
+        .pairs()
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    fields.push(("change".into(), change.into()));
+    let (at, callee) = match &finding.subject {
+        Subject::Hop(hop) => (hop, None),
+        Subject::Edge { caller, callee } => (caller, Some(callee)),
+    };
+    fields.push(("service".into(), at.0.clone()));
+    fields.push(("operation".into(), at.1.clone()));
+    if let Some(callee) = callee {
+        fields.push(("callee_service".into(), callee.0.clone()));
+        fields.push(("callee_operation".into(), callee.1.clone()));
+    }
+    Some(WhatIfForm {
+        fields,
+        value_ms: with_value
+            .then(|| finding.value_ms.map(|v| format!("{:.0}", v.ceil())))
+            .flatten(),
+    })
 }
 
 pub struct ServiceFindings {
@@ -52,7 +96,9 @@ fn label((service, operation): &HopId) -> String {
 }
 
 /// A finding as the advisor page and the hop page show it (`templates/finding.html`).
-pub fn view(finding: Finding, examples: &[String], range_query: &str) -> FindingView {
+pub fn view(finding: Finding, examples: &[String], range: &TimeRange) -> FindingView {
+    let range_query = range.query();
+    let range_query = range_query.as_str();
     let end = |hop: &HopId| {
         (
             label(hop),
@@ -64,6 +110,7 @@ pub fn view(finding: Finding, examples: &[String], range_query: &str) -> Finding
         Subject::Hop(hop) => vec![end(hop)],
     };
     FindingView {
+        whatif: whatif_form(&finding, range),
         kind: finding.kind,
         ends,
         value: match (finding.value_ms, finding.value) {
@@ -93,14 +140,13 @@ pub async fn advisor(
     let only = Some(service.as_str()).filter(|s| !s.is_empty());
     let found = load(&state, since, until, of_service(only)).await?;
     let count = found.len();
-    let range_query = range.query();
     let mut groups: BTreeMap<String, Vec<FindingView>> = BTreeMap::new();
     for (finding, examples) in found {
         let service = finding.subject.service().to_string();
         groups
             .entry(service)
             .or_default()
-            .push(view(finding, &examples, &range_query));
+            .push(view(finding, &examples, &range));
     }
     let mut keep = Vec::new();
     if !service.is_empty() {

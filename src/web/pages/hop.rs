@@ -176,7 +176,7 @@ pub async fn hop(
         })
         .await?
         .into_iter()
-        .map(|(finding, examples)| super::advisor::view(finding, &examples, &range_query))
+        .map(|(finding, examples)| super::advisor::view(finding, &examples, &range))
         .collect();
     let facts = vec![
         ("Requests", merged.requests.to_string()),

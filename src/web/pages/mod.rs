@@ -19,6 +19,7 @@ pub mod overview;
 pub mod trace;
 pub mod traces;
 pub mod verdict;
+pub mod whatif;
 
 use std::time::UNIX_EPOCH;
 
