@@ -51,6 +51,9 @@ fn sample(s: usize, o: usize, minute: u64) -> HopSample {
         wasted_ms: 0.0,
         flags: Default::default(),
         spent: None,
+        critical: Default::default(),
+        calls: Vec::new(),
+        advice: Default::default(),
     }
 }
 

@@ -430,6 +430,32 @@ async fn the_ui_in_a_real_browser() {
         "{advice}"
     );
     screenshot(&client, "advisor.png").await;
+    // What if inventory refused requests with less than 500 ms: a finding's form leads
+    // there when it has one; the same replay by its URL otherwise. Back returns.
+    let replay = client.find(Locator::Css("form.whatif-form button")).await;
+    match replay {
+        Ok(button) => button.click().await.unwrap(),
+        Err(_) => client
+            .goto(&format!(
+                "{base}/advisor/whatif?range=1h&change=min_useful_budget&service=inventory&operation=GET%20%2Fstock&value_ms=500"
+            ))
+            .await
+            .unwrap(),
+    }
+    wait_for(&client, "dl.whatif").await;
+    let whatif = text_of(&client, "main").await;
+    assert!(
+        whatif.contains("What if")
+            && whatif.contains("Would have failed fast instead of failing late")
+            && whatif.contains("The model."),
+        "{whatif}"
+    );
+    screenshot(&client, "whatif.png").await;
+    client.back().await.unwrap();
+    wait_for_url(&client, "the advisor again", |url| {
+        url.contains("/advisor") && !url.contains("whatif")
+    })
+    .await;
 
     // Search: exceeded traces of inventory, with the form.
     client.goto(&format!("{base}/traces")).await.unwrap();
