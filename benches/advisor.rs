@@ -1,6 +1,6 @@
 //! The advisor at scale: 10,000 call edges (1,000 caller hops calling 10 callees each) with
 //! a day of statistics on SQLite, and `GET /api/advisor?since=-24h` answered over them
-//! (BENCHMARKS.md, "Advisor"). Run with `cargo bench --bench advisor`; not part of the
+//! (the target: within 1 s). Run with `cargo bench --bench advisor`; not part of the
 //! product binary.
 //!
 //! Each caller hop makes one request an hour with one call to each callee; every 50th edge
