@@ -18,7 +18,8 @@ use crate::core::analyze::hops::Rollup;
 use crate::store::StoreError;
 use crate::store::query::TraceQuery;
 
-fn hop_json((service, operation): &HopId) -> Value {
+/// A hop as the API names it: `{"service", "operation"}`, no operation for a peer.
+pub(crate) fn hop_json((service, operation): &HopId) -> Value {
     json!({
         "service": service,
         "operation": (!operation.is_empty()).then_some(operation),

@@ -13,6 +13,7 @@ use axum::extract::State;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::advisor::hop_json;
 use super::error::{ApiError, check_params};
 use super::read::{ReadError, whole_traces};
 use crate::core::advice::HopId;
@@ -20,6 +21,7 @@ use crate::core::analyze::analyze;
 use crate::core::analyze::hops::by_trace;
 use crate::core::model::TraceId;
 use crate::core::whatif::{Change, Effect, replay};
+use crate::pipeline::memory::ReadRefused;
 use crate::store::query::TraceQuery;
 
 /// The most recent traces through the hop that one what-if replays: enough for the
@@ -146,15 +148,14 @@ pub async fn what_if(
             Ok(traces) => vec![traces],
             // Some trace of the chunk is too large for one read: read them one by one,
             // leaving out those that are.
-            Err(ReadError::Refused(_, crate::pipeline::memory::ReadRefused::TooLarge { .. })) => {
+            Err(ReadError::Refused(_, ReadRefused::TooLarge { .. })) => {
                 let mut one_by_one = Vec::new();
                 for id in chunk {
                     match whole_traces(state, std::slice::from_ref(id)).await {
                         Ok(trace) => one_by_one.push(trace),
-                        Err(ReadError::Refused(
-                            _,
-                            crate::pipeline::memory::ReadRefused::TooLarge { .. },
-                        )) => out.skipped += 1,
+                        Err(ReadError::Refused(_, ReadRefused::TooLarge { .. })) => {
+                            out.skipped += 1
+                        }
                         Err(other) => return Err(other),
                     }
                 }
@@ -181,13 +182,6 @@ pub async fn what_if(
         }
     }
     Ok(out)
-}
-
-fn hop_json((service, operation): &HopId) -> Value {
-    json!({
-        "service": service,
-        "operation": (!operation.is_empty()).then_some(operation),
-    })
 }
 
 /// `POST /api/advisor/whatif`: the body is a JSON object of the parameters (`hop` or

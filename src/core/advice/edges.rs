@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    Finding, HopId, MIN_CALLS, MIN_PROBLEM_CALLS, PROBLEM_SHARE, RETRY_SHARE, Subject, ms, name,
-    percent, share_below,
+    Finding, HopId, MIN_CALLS, MIN_PROBLEM_CALLS, PROBLEM_SHARE, RETRY_SHARE, Subject, hop_label,
+    ms, percent, share_below,
 };
 use crate::core::analyze::edges::EdgeRollup;
 use crate::core::analyze::histogram::Histogram;
@@ -37,7 +37,7 @@ pub fn edge_findings(
             recommendation,
             impact: calls as f64 * weight,
         };
-        let (from, to) = (name(caller), name(callee));
+        let (from, to) = (hop_label(caller), hop_label(callee));
         let share = |n: i64| n as f64 / edge.calls as f64;
         let material = |n: i64| n >= MIN_PROBLEM_CALLS && share(n) >= PROBLEM_SHARE;
 

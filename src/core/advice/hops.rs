@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    Finding, HopId, MIN_CALLS, MIN_PROBLEM_CALLS, PROBLEM_SHARE, Subject, ms, name, percent,
+    Finding, HopId, MIN_CALLS, MIN_PROBLEM_CALLS, PROBLEM_SHARE, Subject, hop_label, ms, percent,
 };
 use crate::core::analyze::edges::EdgeRollup;
 use crate::core::analyze::histogram::Histogram;
@@ -19,7 +19,7 @@ pub(super) fn hop_findings(
     tolerance_ms: f64,
 ) -> Vec<Finding> {
     let advice = &rollup.advice;
-    let at = name(hop);
+    let at = hop_label(hop);
     let mut out = Vec::new();
     let finding =
         |kind, value_ms, requests: i64, out_of: i64, message, recommendation, weight: f64| {
@@ -130,7 +130,7 @@ pub(super) fn hop_findings(
         // Stacked retries are two layers or more by construction; the edges name them
         // (an alert rule reads the hop alone, without its edges).
         let layers = retrying_layers(hop, edges);
-        let named: Vec<String> = layers.iter().map(name).collect();
+        let named: Vec<String> = layers.iter().map(hop_label).collect();
         let who = if named.len() >= 2 {
             format!("{} each retry the same failure", and_list(&named))
         } else {

@@ -49,14 +49,6 @@ impl Subject {
             Subject::Hop(_) => None,
         }
     }
-
-    /// The hop, for a hop finding.
-    pub fn hop(&self) -> Option<&HopId> {
-        match self {
-            Subject::Hop(hop) => Some(hop),
-            Subject::Edge { .. } => None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +87,8 @@ pub const KINDS: [&str; 10] = [
     "infeasible_budget",
 ];
 
-fn name((service, operation): &HopId) -> String {
+/// A hop as people read it: "service operation", or the peer alone.
+pub fn hop_label((service, operation): &HopId) -> String {
     if operation.is_empty() {
         service.clone()
     } else {
@@ -103,7 +96,8 @@ fn name((service, operation): &HopId) -> String {
     }
 }
 
-fn ms(value: f64) -> String {
+/// Milliseconds as findings write them: "250 ms".
+pub fn ms(value: f64) -> String {
     crate::core::analyze::fmt_ms(value) + " ms"
 }
 

@@ -168,3 +168,15 @@ fn the_clear_threshold_is_the_loosest_firing_one_unless_given() {
     assert_eq!(set.rules[0].clear_threshold(), 0.1);
     assert_eq!(set.rules[1].clear_threshold(), 0.05);
 }
+
+#[test]
+fn there_is_one_finding_signal_per_advisor_kind() {
+    let mut watched: Vec<&str> = Signal::ALL
+        .iter()
+        .filter_map(|s| s.finding_kind())
+        .collect();
+    let mut kinds = crate::core::advice::KINDS.to_vec();
+    watched.sort_unstable();
+    kinds.sort_unstable();
+    assert_eq!(watched, kinds);
+}

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::edges::EdgeSample;
+use super::edges::{CallEdge, EdgeSample};
 use super::histogram::Histogram;
 use super::{Analysis, Flag, Outcome, Role};
 use crate::core::model::Span;
@@ -149,25 +149,30 @@ fn add_tally(tally: &mut BTreeMap<u32, i64>, key: u32, weight: i64) {
     }
 }
 
-/// Each hop's advice sample, by the hop's row index. `calls` holds each hop's edge samples
-/// by its span index (which callee it retried).
+/// Each hop's advice sample, by the hop's row index. `edges` are the trace's calls
+/// (`call_edges`), `calls` each hop's edge samples by its span index (which callee it
+/// retried).
 pub(super) fn advice_samples(
     spans: &[Span],
     analysis: &Analysis,
+    edges: &[CallEdge],
     calls: &BTreeMap<usize, Vec<EdgeSample>>,
 ) -> BTreeMap<usize, AdviceSample> {
     let rows = &analysis.rows;
     let tau = analysis.tolerance_ms;
     let has = |r: usize, flag: Flag| rows[r].flags.iter().any(|f| f.flag == flag);
     let end = |r: usize| rows[r].start_offset_ms + rows[r].duration_ms;
+    // Each hop's calls, by its span index: one pass, not one per hop.
+    let mut owned_by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for edge in edges {
+        owned_by.entry(edge.owner).or_default().push(edge.call);
+    }
     let mut out = BTreeMap::new();
     for (h, hop) in rows.iter().enumerate() {
         if hop.role != Role::Hop {
             continue;
         }
-        let owned: Vec<usize> = (0..rows.len())
-            .filter(|&c| rows[c].role == Role::Call && rows[c].owner == Some(hop.span))
-            .collect();
+        let owned = owned_by.get(&hop.span).map_or(&[][..], Vec::as_slice);
         let last_end = owned.iter().map(|&c| end(c)).reduce(f64::max);
         let tail_ms = last_end
             .map(|last| end(h) - last)
@@ -255,12 +260,14 @@ fn retry_layers(
         .enumerate()
         .map(|(i, span)| (span.span_id, i))
         .collect();
-    let retried = |hop_span: usize, service: &str, operation: &str| -> bool {
+    // Whether a hop retried some callee (any, or the one named).
+    let retried = |hop_span: usize, callee: Option<(&str, &str)>| -> bool {
         calls.get(&hop_span).is_some_and(|edges| {
             edges.iter().any(|e| {
-                e.callee_service == service
-                    && e.callee_operation == operation
-                    && e.stats.count("retry") > 0
+                e.stats.count("retry") > 0
+                    && callee.is_none_or(|(service, operation)| {
+                        e.callee_service == service && e.callee_operation == operation
+                    })
             })
         })
     };
@@ -270,12 +277,10 @@ fn retry_layers(
         if row.role != Role::Hop {
             continue;
         }
-        let own = layers.get(&row.span).copied().unwrap_or_else(|| {
-            let retries_any = calls
-                .get(&row.span)
-                .is_some_and(|edges| edges.iter().any(|e| e.stats.count("retry") > 0));
-            u32::from(retries_any)
-        });
+        let own = layers
+            .get(&row.span)
+            .copied()
+            .unwrap_or_else(|| u32::from(retried(row.span, None)));
         layers.insert(row.span, own);
         // The hop that called this one, through its call span.
         let span = &spans[row.span];
@@ -286,11 +291,10 @@ fn retry_layers(
             .filter(|&&c| rows[c].role == Role::Call)
             .and_then(|&c| rows[c].owner);
         if let Some(caller) = caller {
-            let through = u32::from(retried(caller, &span.service, &span.name)) + own;
-            let retries_any = calls
-                .get(&caller)
-                .is_some_and(|edges| edges.iter().any(|e| e.stats.count("retry") > 0));
-            let entry = layers.entry(caller).or_insert(u32::from(retries_any));
+            let through = u32::from(retried(caller, Some((&span.service, &span.name)))) + own;
+            let entry = layers
+                .entry(caller)
+                .or_insert_with(|| u32::from(retried(caller, None)));
             *entry = (*entry).max(through);
         }
     }

@@ -160,21 +160,19 @@ pub fn call_edges(spans: &[Span], analysis: &Analysis) -> Vec<CallEdge> {
 
 /// The edge samples of each hop, by the hop's span index.
 pub(super) fn edge_samples(
-    spans: &[Span],
     analysis: &Analysis,
+    edges: &[CallEdge],
     tolerance_ms: f64,
 ) -> BTreeMap<usize, Vec<EdgeSample>> {
     let mut by_hop: BTreeMap<usize, BTreeMap<(String, String), EdgeRollup>> = BTreeMap::new();
-    for CallEdge {
-        call: c,
-        owner,
-        callee,
-        callee_key: key,
-    } in call_edges(spans, analysis)
-    {
-        let call = &analysis.rows[c];
-        let callee = callee.map(|h| &analysis.rows[h]);
-        let edge = by_hop.entry(owner).or_default().entry(key).or_default();
+    for found in edges {
+        let call = &analysis.rows[found.call];
+        let callee = found.callee.map(|h| &analysis.rows[h]);
+        let edge = by_hop
+            .entry(found.owner)
+            .or_default()
+            .entry(found.callee_key.clone())
+            .or_default();
         edge.requests = 1;
         edge.calls += 1;
         let has = |row: &super::Row, flag: Flag| row.flags.iter().any(|f| f.flag == flag);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::collections::{HashMap, HashSet};
 
 use super::advice_stats::{AdviceRollup, AdviceSample, advice_samples};
-use super::edges::{EdgeKey, EdgeRollup, EdgeSample, edge_samples};
+use super::edges::{EdgeKey, EdgeRollup, EdgeSample, call_edges, edge_samples};
 use super::histogram::Histogram;
 use super::{Analysis, Exceed, Flag, Outcome, Role};
 use crate::core::model::{Span, TraceId};
@@ -119,8 +119,9 @@ fn counted_index(flag: Flag) -> Option<usize> {
 /// for the hop that made it; an origin counts for its own hop.
 pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
     let spent = spent_arrivals(spans, analysis);
-    let mut calls = edge_samples(spans, analysis, analysis.tolerance_ms);
-    let mut advice = advice_samples(spans, analysis, &calls);
+    let edges = call_edges(spans, analysis);
+    let mut calls = edge_samples(analysis, &edges, analysis.tolerance_ms);
+    let mut advice = advice_samples(spans, analysis, &edges, &calls);
     let exceeded = analysis.outcome == Outcome::Exceeded;
     let mut by_span: BTreeMap<usize, HopSample> = BTreeMap::new();
     for (r, row) in analysis.rows.iter().enumerate() {

@@ -191,9 +191,8 @@ pub async fn evaluate_once(
                 ..Default::default()
             })
             .await?;
-        let hops = windows.get(&rule.window).cloned().unwrap_or_default();
         let found = advice::findings(
-            &hops,
+            windows.get(&rule.window).unwrap_or(&HopRollups::new()),
             &advice::merge_edges(&edges),
             options.analyze.tolerance_ms,
         );

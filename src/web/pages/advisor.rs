@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{PageError, RangeLink, TimeRange, hop_href, html, trace_href};
-use crate::core::advice::{Finding, HopId, Subject};
+use crate::core::advice::{Finding, HopId, Subject, hop_label};
 use crate::web::AppState;
 use crate::web::advisor::{load, of_service};
 
@@ -87,21 +87,13 @@ pub struct AdvisorPage {
     pub count: usize,
 }
 
-fn label((service, operation): &HopId) -> String {
-    if operation.is_empty() {
-        service.clone()
-    } else {
-        format!("{service} {operation}")
-    }
-}
-
 /// A finding as the advisor page and the hop page show it (`templates/finding.html`).
 pub fn view(finding: Finding, examples: &[String], range: &TimeRange) -> FindingView {
     let range_query = range.query();
     let range_query = range_query.as_str();
     let end = |hop: &HopId| {
         (
-            label(hop),
+            hop_label(hop),
             (!hop.1.is_empty()).then(|| hop_href(&hop.0, &hop.1, range_query)),
         )
     };

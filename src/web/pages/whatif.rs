@@ -11,10 +11,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use super::{PageError, RangeLink, TimeRange, fmt_duration, hop_href, html, trace_href};
-use crate::core::advice::HopId;
+use crate::core::advice::{hop_label, ms};
 use crate::core::whatif::{ASSUMPTIONS, Change};
 use crate::web::AppState;
-use crate::web::whatif::{REPLAY_TRACES, change_of, what_if};
+use crate::web::whatif::{PARAMS, REPLAY_TRACES, change_of, what_if};
 
 #[derive(Template)]
 #[template(path = "whatif.html")]
@@ -42,29 +42,17 @@ pub struct WhatIfPage {
     pub advisor_href: String,
 }
 
-fn label((service, operation): &HopId) -> String {
-    if operation.is_empty() {
-        service.clone()
-    } else {
-        format!("{service} {operation}")
-    }
-}
-
-fn ms(value: f64) -> String {
-    format!("{} ms", crate::core::analyze::fmt_ms(value))
-}
-
 /// What the change says, in a sentence.
 pub fn describe(change: &Change) -> String {
     match change {
         Change::MinUsefulBudget { hop, ms: value } => format!(
             "{} refuses requests that arrive with less than {} left",
-            label(hop),
+            hop_label(hop),
             ms(*value)
         ),
         Change::Reserve { hop, ms: value } => format!(
             "{} keeps {} back when it forwards its budget",
-            label(hop),
+            hop_label(hop),
             ms(*value)
         ),
         Change::Timeout {
@@ -73,12 +61,12 @@ pub fn describe(change: &Change) -> String {
             ms: value,
         } => format!(
             "{} gives up on {} after {}",
-            label(caller),
-            label(callee),
+            hop_label(caller),
+            hop_label(callee),
             ms(*value)
         ),
         Change::RetriesOff { caller, callee } => {
-            format!("{} does not retry {}", label(caller), label(callee))
+            format!("{} does not retry {}", hop_label(caller), hop_label(callee))
         }
     }
 }
@@ -97,15 +85,11 @@ pub async fn whatif(
     let done = what_if(&state, change, since, until)
         .await
         .map_err(|e| e.page("the traces to replay", "Choose a shorter range."))?;
-    let keys = [
-        "change",
-        "service",
-        "operation",
-        "callee_service",
-        "callee_operation",
-    ];
-    let fixed: Vec<(String, String)> = keys
+    // The change and where it applies: every parameter but the value and the range.
+    let keys = PARAMS
         .iter()
+        .filter(|k| !matches!(**k, "value_ms" | "since" | "until"));
+    let fixed: Vec<(String, String)> = keys
         .filter_map(|k| params.get(*k).map(|v| (k.to_string(), v.clone())))
         .collect();
     let value_ms = match &done.change {
