@@ -416,6 +416,18 @@ async fn the_advisor_finds_a_clamping_proxy_and_a_fixed_timeout() {
         for group in ["service", "operation"] {
             let (_, _, map) = oneshot(&state, &format!("/map?range=1h&group={group}")).await;
             assert_eq!(map.matches("⚑ clamped<").count(), 1, "{backend} {group}");
+            // The orders node carries its hop's finding.
+            assert_eq!(
+                map.matches("⚑ min_useful_budget<").count(),
+                1,
+                "{backend} {group}"
+            );
+            assert!(
+                map.contains(
+                    r#"href="/advisor?range=1h&#38;service=orders">advice: min_useful_budget"#
+                ),
+                "{backend} {group}"
+            );
             assert_eq!(
                 map.matches("⚑ fixed_timeout<").count(),
                 1,

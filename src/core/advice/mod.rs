@@ -49,6 +49,14 @@ impl Subject {
             Subject::Hop(_) => None,
         }
     }
+
+    /// The hop, for a hop finding.
+    pub fn hop(&self) -> Option<&HopId> {
+        match self {
+            Subject::Hop(hop) => Some(hop),
+            Subject::Edge { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

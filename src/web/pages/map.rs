@@ -14,7 +14,7 @@ use axum::response::Response;
 use super::{
     PageError, RangeLink, TimeRange, fmt_duration, fmt_opt_duration, hop_href, html, query_string,
 };
-use crate::core::advice::HopId;
+use crate::core::advice::{HopId, Subject};
 use crate::web::AppState;
 use crate::web::map::{Group, Health, ServiceMap, of_rows, rows};
 
@@ -36,6 +36,10 @@ pub struct NodeView {
     pub label: String,
     pub href: String,
     pub title: String,
+    /// The kinds of the advisor's findings on the hops of this node, and where the advisor
+    /// shows them.
+    pub advice: Vec<&'static str>,
+    pub advice_href: String,
 }
 
 pub struct EdgeView {
@@ -94,13 +98,10 @@ pub async fn map(
     let only = Some(service.as_str()).filter(|s| !s.is_empty());
     // One read serves the picture and the advisor's marks.
     let rows = rows(state.store.as_ref(), since, until, only).await?;
-    let advice: Vec<(HopId, HopId, &'static str)> =
+    let advice: Vec<(Subject, &'static str)> =
         crate::web::advisor::of_rows(&rows, state.analyze.tolerance_ms)
             .into_iter()
-            .filter_map(|finding| {
-                let (caller, callee) = finding.subject.edge()?;
-                Some((caller.clone(), callee.clone(), finding.kind))
-            })
+            .map(|finding| (finding.subject, finding.kind))
             .collect();
     let map = of_rows(rows, since, until, group, only);
     Ok(html(StatusCode::OK, &page(&map, &range, &service, &advice)))
@@ -117,13 +118,35 @@ fn holds(node: &crate::web::map::Node, id: &HopId) -> bool {
         }
 }
 
-/// The page for a map and the advisor's findings on its edges (caller, callee, kind): pure,
-/// so tests can call it.
+/// The kinds of the findings `about` keeps, sorted, once each.
+fn kinds_of(
+    advice: &[(Subject, &'static str)],
+    about: impl Fn(&Subject) -> bool,
+) -> Vec<&'static str> {
+    let mut kinds: Vec<&'static str> = advice
+        .iter()
+        .filter(|(subject, _)| about(subject))
+        .map(|(_, kind)| *kind)
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
+}
+
+/// The advisor's page for one service.
+fn advisor_href(range: &TimeRange, service: &str) -> String {
+    let mut pairs = range.pairs();
+    pairs.push(("service", service));
+    format!("/advisor{}", query_string(pairs))
+}
+
+/// The page for a map and the advisor's findings (what each is about, its kind): pure, so
+/// tests can call it.
 pub fn page(
     map: &ServiceMap,
     range: &TimeRange,
     service: &str,
-    advice: &[(HopId, HopId, &'static str)],
+    advice: &[(Subject, &'static str)],
 ) -> MapPage {
     let placed = layout(
         map.nodes.len(),
@@ -184,6 +207,10 @@ pub fn page(
                 (_, false) => range.search_href(&[]),
             };
             NodeView {
+                advice: kinds_of(advice, |subject| {
+                    subject.hop().is_some_and(|hop| holds(node, hop))
+                }),
+                advice_href: advisor_href(range, &node.service),
                 x,
                 y,
                 title: format!("{} {}: {}", node.service, operation, node.label),
@@ -226,15 +253,11 @@ pub fn page(
                 format!("{} call{}", r.calls, if r.calls == 1 { "" } else { "s" })
             };
             let target = if callee.instrumented { callee } else { caller };
-            let mut kinds: Vec<&'static str> = advice
-                .iter()
-                .filter(|(from, to, _)| holds(caller, from) && holds(callee, to))
-                .map(|(_, _, kind)| *kind)
-                .collect();
-            kinds.sort_unstable();
-            kinds.dedup();
-            let mut advice_pairs = range.pairs();
-            advice_pairs.push(("service", caller.service.as_str()));
+            let kinds = kinds_of(advice, |subject| {
+                subject
+                    .edge()
+                    .is_some_and(|(from, to)| holds(caller, from) && holds(callee, to))
+            });
             let view = EdgeView {
                 path,
                 label_x,
@@ -261,7 +284,7 @@ pub fn page(
                 forwarded,
                 latency,
                 advice: kinds,
-                advice_href: format!("/advisor{}", query_string(advice_pairs)),
+                advice_href: advisor_href(range, &caller.service),
             };
             (edge.health, view)
         })
