@@ -46,6 +46,8 @@ pub trait Backend: Send + Sync + 'static {
     const RESTART_WAIT: &'static str;
     /// The function that finds a substring: `instr(haystack, needle)` or `strpos`.
     const SUBSTRING: &'static str;
+    /// The aggregate that joins a group's texts with `|`: `group_concat` or `string_agg`.
+    const JOIN_TEXT: &'static str;
 
     /// How many rows a statement changed (sqlx has no backend-neutral accessor).
     fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;

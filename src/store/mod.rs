@@ -219,8 +219,9 @@ pub trait RollupStore: Send + Sync {
     /// Hop rollups of `query`'s range (minute-aligned) and hops.
     async fn hop_rollups(&self, query: &RollupQuery<'_>) -> Result<Vec<HopRollupRow>, StoreError>;
 
-    /// Call-edge rollups of `query`'s range (minute-aligned); `query.service` keeps the
-    /// edges it calls or is called on (`operation` is not read).
+    /// Each call edge summed over `query`'s range (minute-aligned; each row's minute is
+    /// `since`); `query.service` keeps the edges it calls or is called on (`operation` is
+    /// not read).
     async fn edge_rollups(
         &self,
         query: &RollupQuery<'_>,

@@ -354,6 +354,7 @@ impl Backend for PostgresBackend {
     const RESTART_WAIT: &'static str =
         "UPDATE dirty_traces SET waiting_since = received_unix_nano WHERE trace_id IN ";
     const SUBSTRING: &'static str = "strpos";
+    const JOIN_TEXT: &'static str = "string_agg(data, '|')";
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
         result.rows_affected()

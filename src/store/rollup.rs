@@ -74,7 +74,8 @@ where
         &self,
         query: &RollupQuery<'_>,
     ) -> Result<Vec<(EdgeKey, EdgeRollup)>, StoreError> {
-        let mut rows = Vec::new();
+        // Each edge over the whole range: the hourly and minute parts summed.
+        let mut rows: BTreeMap<(String, String, String, String), EdgeRollup> = BTreeMap::new();
         for (hourly, since, until) in
             rollup_ranges(query.since_unix_nano, query.until_unix_nano, query.hourly)
         {
@@ -83,12 +84,20 @@ where
             } else {
                 "edge_rollups"
             };
-            let mut q = edge_query::<B::Db>(table, since, until, query.service);
+            let mut q = edge_query::<B::Db>(table, since, until, query.service, B::JOIN_TEXT);
             let found: Vec<StoredEdge> =
                 q.build_query_as().fetch_all(self.backend.reader()).await?;
-            rows.extend(found.into_iter().map(StoredEdge::decode));
+            for (key, edge) in found.into_iter().map(StoredEdge::decode) {
+                let (a, b, c, d, _) = key;
+                rows.entry((a, b, c, d))
+                    .or_insert_with(EdgeRollup::default)
+                    .merge(&edge);
+            }
         }
-        Ok(rows)
+        Ok(rows
+            .into_iter()
+            .map(|((a, b, c, d), edge)| ((a, b, c, d, query.since_unix_nano), edge))
+            .collect())
     }
 
     async fn add_reported(&self, rows: &[ReportedRow]) -> Result<(), StoreError> {

@@ -679,6 +679,7 @@ impl Backend for SqliteBackend {
     const WRITERS_LOCK: &'static str = "";
     const RESTART_WAIT: &'static str = "";
     const SUBSTRING: &'static str = "instr";
+    const JOIN_TEXT: &'static str = "group_concat(data, '|')";
 
     fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         result.rows_affected()

@@ -112,6 +112,23 @@ impl Histogram {
             .join(",")
     }
 
+    /// Adds what `encode` wrote, as `merge` would its histogram, without building it:
+    /// reading many stored rows into one sum (`cargo bench --bench advisor`). Malformed
+    /// pairs are skipped.
+    pub fn merge_encoded(&mut self, text: &str) {
+        for pair in text.split(',') {
+            if let Some((k, c)) = pair.split_once(':')
+                && let (Ok(key), Ok(count)) = (k.parse::<i32>(), c.parse::<i64>())
+            {
+                let entry = self.buckets.entry(key).or_insert(0);
+                *entry += count;
+                if *entry == 0 {
+                    self.buckets.remove(&key);
+                }
+            }
+        }
+    }
+
     /// Reads `encode`'s form; malformed pairs are skipped.
     pub fn decode(text: &str) -> Histogram {
         let buckets = text
