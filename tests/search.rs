@@ -490,3 +490,27 @@ async fn a_trace_that_never_goes_quiet_is_analysed_within_the_max_wait_and_again
         server.shutdown().await;
     }
 }
+
+/// With `--retention-healthy` shorter than `--retention`, search and the overview say that
+/// healthy traces older than that are gone, for a range that reaches back so far only.
+#[tokio::test]
+async fn pages_say_when_healthy_traces_are_gone_from_the_range() {
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let mut state = budgetscope::web::AppState::new(store, Default::default());
+    let said = "Healthy traces (no flag, not exceeded) are kept 1day";
+    for (path, shown) in [
+        ("/traces?since=-7d", true),
+        ("/traces?since=-1h", false),
+        ("/traces?service=x", true),
+        ("/?range=7d", true),
+        ("/?range=1h", false),
+    ] {
+        let (_, _, page) = common::oneshot(&state, path).await;
+        assert!(!page.contains(said), "{path}: kept as long as the rest");
+        state.retention_healthy = Some(Duration::from_secs(86_400));
+        let (_, _, page) = common::oneshot(&state, path).await;
+        assert_eq!(page.contains(said), shown, "{path}");
+        state.retention_healthy = None;
+    }
+}

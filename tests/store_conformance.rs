@@ -1427,3 +1427,92 @@ async fn postgres_without_a_connection_names_the_reason() {
     db.execute(&format!("DROP OWNED BY {role}")).await;
     db.execute(&format!("DROP ROLE {role}")).await;
 }
+
+/// Retention by value: of the traces that started before the cutoff, the healthy ones (no
+/// flag, not exceeded) go with their spans, summary and index terms; a flagged one and a
+/// newer healthy one stay, and the hop statistics keep counting every one of them.
+#[tokio::test]
+async fn healthy_traces_go_before_the_rest_and_the_statistics_keep_them() {
+    on_every_store(|store, backend| async move {
+        let day = 86_400_000_000_000u64;
+        let now = common::now_nanos();
+        let trace = |id: u8, start: u64, fixture: &str| {
+            let mut spans = budgetscope::core::analyze::fixture::parse(fixture);
+            let shift = start - budgetscope::core::analyze::fixture::BASE_UNIX_NANO;
+            for span in &mut spans {
+                span.trace_id = TraceId([id; 16]);
+                span.start_unix_nano += shift;
+                span.end_unix_nano += shift;
+            }
+            spans
+        };
+        let healthy = r#"
+edge server "GET /" 0 100 budget=1000
+  edge client "GET /x" 5 90 budget=990
+    x server "GET /x" 6 88 budget=989
+"#;
+        let late = r#"
+edge server "GET /" 0 1400 budget=1000
+  edge client "GET /x" 5 1390 budget=990
+    x server "GET /x" 6 1388 budget=989
+"#;
+        for (id, start, text) in [
+            (0xa1, now - 2 * day, healthy),
+            (0xa2, now - 2 * day + 1_000_000_000, late),
+            (0xa3, now - 3_600_000_000_000, healthy),
+        ] {
+            store.write_spans(&trace(id, start, text)).await.unwrap();
+        }
+        common::analyse_waiting(store.as_ref()).await;
+        let counted = || async {
+            store
+                .hop_rollups(&RollupQuery {
+                    since_unix_nano: now - 3 * day,
+                    until_unix_nano: now + day,
+                    service: Some("x"),
+                    hourly: true,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.rollup.requests)
+                .sum::<i64>()
+        };
+        assert_eq!(counted().await, 3, "{backend}");
+        let deleted = store.delete_healthy_before(now - day, 500).await.unwrap();
+        assert_eq!(deleted, 1, "{backend}");
+        assert!(
+            store.trace(TraceId([0xa1; 16])).await.unwrap().is_empty(),
+            "{backend}"
+        );
+        for kept in [0xa2, 0xa3] {
+            assert_eq!(
+                store.trace(TraceId([kept; 16])).await.unwrap().len(),
+                3,
+                "{backend}"
+            );
+        }
+        let found = store
+            .search_traces(&TraceQuery {
+                service: Some("x".into()),
+                limit: 10,
+                ..TraceQuery::default()
+            })
+            .await
+            .unwrap();
+        let mut ids: Vec<u8> = found.iter().map(|s| s.trace_id.0[0]).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0xa2, 0xa3], "{backend}");
+        assert_eq!(
+            counted().await,
+            3,
+            "{backend}: the statistics still count it"
+        );
+        assert_eq!(
+            store.delete_healthy_before(now - day, 500).await.unwrap(),
+            0
+        );
+    })
+    .await;
+}

@@ -103,6 +103,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_RETENTION", default_value = "7d")]
     pub retention: String,
 
+    /// How long healthy traces (no flag, not exceeded) are kept, at most --retention (e.g.
+    /// 1d); the hop statistics keep counting them for the full --retention. Default: 1d, or
+    /// --retention when shorter.
+    #[arg(long, env = "BUDGETSCOPE_RETENTION_HEALTHY")]
+    pub retention_healthy: Option<String>,
+
     /// Browser origins allowed to export over OTLP/HTTP (comma-separated; none by default).
     #[arg(long, env = "BUDGETSCOPE_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
@@ -223,6 +229,8 @@ pub struct ServeConfig {
     pub tolerance_ms: f64,
     pub max_request_bytes: usize,
     pub retention: Duration,
+    /// How long healthy traces are kept: at most `retention`.
+    pub retention_healthy: Duration,
     pub quiet_period: Duration,
     pub max_trace_wait: Duration,
     pub cors_origins: Vec<HeaderValue>,
@@ -378,6 +386,20 @@ impl ServeArgs {
                     "expected a duration of at least 1m, e.g. 7d or 12h",
                 )
             })?;
+        let retention_healthy = match &self.retention_healthy {
+            None => retention.min(Duration::from_secs(86_400)),
+            Some(text) => humantime::parse_duration(text)
+                .ok()
+                .filter(|d| *d >= Duration::from_secs(60) && *d <= retention)
+                .ok_or_else(|| {
+                    invalid(
+                        "retention-healthy",
+                        "BUDGETSCOPE_RETENTION_HEALTHY",
+                        text,
+                        "expected a duration from 1m up to --retention, e.g. 1d",
+                    )
+                })?,
+        };
         let quiet_period = parse_duration_or_zero(&self.quiet_period).ok_or_else(|| {
             invalid(
                 "quiet-period",
@@ -570,6 +592,7 @@ impl ServeArgs {
             tolerance_ms: self.tolerance_ms,
             max_request_bytes,
             retention,
+            retention_healthy,
             quiet_period,
             max_trace_wait,
             cors_origins,
@@ -690,6 +713,10 @@ mod tests {
         assert_eq!(config.max_request_bytes, 20 << 20);
         assert_eq!(config.memory_limit, 512 << 20);
         assert_eq!(config.retention, Duration::from_secs(7 * 86400));
+        assert_eq!(config.retention_healthy, Duration::from_secs(86400));
+        // Healthy traces are never kept longer than the rest.
+        let short = args(&["--retention", "6h"]).unwrap();
+        assert_eq!(short.retention_healthy, Duration::from_secs(6 * 3600));
         assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
         assert!(config.cors_origins.is_empty());
         assert_eq!(config.alert_interval, Duration::from_secs(30));
@@ -727,6 +754,10 @@ mod tests {
                 "invalid --max-request-bytes",
             ),
             (vec!["--retention", "5s"], "at least 1m"),
+            (
+                vec!["--retention", "12h", "--retention-healthy", "2d"],
+                "invalid --retention-healthy (env BUDGETSCOPE_RETENTION_HEALTHY) \"2d\": expected a duration from 1m up to --retention",
+            ),
             (vec!["--tolerance-ms", "-1"], "invalid --tolerance-ms"),
             (
                 vec!["--cors-origins", "example.com"],

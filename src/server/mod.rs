@@ -49,6 +49,8 @@ const DELIVERY_POLL: Duration = Duration::from_millis(500);
 
 /// Spans deleted per retention transaction, so deletes never hold the writer for long.
 const RETENTION_BATCH: u32 = 5_000;
+/// Healthy traces deleted per transaction (`Store::delete_healthy_before`'s most).
+const HEALTHY_BATCH: u32 = 500;
 
 /// A started server and the addresses it actually bound (port 0 picks a free one).
 pub struct RunningServer {
@@ -237,6 +239,8 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             status: status.clone(),
             access: ui_access,
             memory: memory.clone(),
+            retention_healthy: (config.retention_healthy < config.retention)
+                .then_some(config.retention_healthy),
         }),
         limits,
         certificate.as_ref().map(|c| c.acceptor(false)),
@@ -260,6 +264,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         tokio::spawn(retention_loop(
             store.clone(),
             config.retention,
+            config.retention_healthy,
             lease.clone(),
             stop_background.clone(),
         )),
@@ -394,6 +399,7 @@ impl RunningServer {
 async fn retention_loop(
     store: Arc<dyn Store>,
     retention: Duration,
+    retention_healthy: Duration,
     lease: Arc<Lease>,
     stop: CancellationToken,
 ) {
@@ -425,6 +431,31 @@ async fn retention_loop(
         }
         if deleted > 0 {
             tracing::info!(deleted, "retention removed old spans");
+        }
+        // Healthy traces go sooner; their rollups stay for the whole retention.
+        let healthy_cutoff =
+            crate::clock::now_unix_nano().saturating_sub(retention_healthy.as_nanos() as u64);
+        let mut healthy = 0u64;
+        while lease.held() && !stop.is_cancelled() {
+            match store
+                .delete_healthy_before(healthy_cutoff, HEALTHY_BATCH)
+                .await
+            {
+                Ok(n) => {
+                    healthy += n;
+                    if n < u64::from(HEALTHY_BATCH) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "removing old healthy traces failed; will try again");
+                    break;
+                }
+            }
+        }
+        if healthy > 0 {
+            tracing::info!(traces = healthy, "retention removed old healthy traces");
         }
         if lease.held()
             && let Err(error) = store.delete_alerts_before(cutoff).await

@@ -321,6 +321,16 @@ pub trait Store:
     /// summaries, index terms and rollups of that time and operations last seen before it.
     /// Returns how many spans were deleted.
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError>;
+
+    /// Retention by value: deletes the spans, summary and index terms of at most `limit`
+    /// (≤ 500) analysed healthy traces, those with no flag and an outcome of `ok` or
+    /// `no_budget`, that started before the cutoff, oldest first. Rollups keep counting
+    /// them. Returns how many traces were deleted.
+    async fn delete_healthy_before(
+        &self,
+        cutoff_unix_nano: u64,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
 }
 
 /// How long a trace one server's analyzer took is passed over by the others

@@ -335,7 +335,9 @@ where
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
 {
     fn backend(&self) -> &'static str {
         B::NAME
@@ -367,7 +369,42 @@ where
         writer.done();
         Ok(deleted)
     }
+
+    async fn delete_healthy_before(
+        &self,
+        cutoff_unix_nano: u64,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
+        let limit = i64::from(limit).min(IDS_PER_STATEMENT as i64);
+        let mut writer = self.backend.writer().await?;
+        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+        let mut find = QueryBuilder::<B::Db>::new(format!(
+            "SELECT trace_id, start_unix_nano FROM trace_summaries WHERE {HEALTHY} AND \
+             start_unix_nano < "
+        ));
+        find.push_bind(cutoff)
+            .push(" ORDER BY start_unix_nano LIMIT ")
+            .push_bind(limit);
+        let ids: Vec<(Vec<u8>, i64)> = find.build_query_as().fetch_all(&mut *tx).await?;
+        if !ids.is_empty() {
+            // The summary last: it is what names the trace healthy.
+            for table in ["spans", "trace_terms", "trace_summaries"] {
+                let mut delete =
+                    QueryBuilder::<B::Db>::new(format!("DELETE FROM {table} WHERE trace_id IN "));
+                push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
+                delete.build().execute(&mut *tx).await?;
+            }
+        }
+        tx.commit().await?;
+        writer.done();
+        Ok(ids.len() as u64)
+    }
 }
+
+/// What a healthy trace's summary holds: no flag (`flags` is then ","), and an outcome
+/// that is no problem.
+const HEALTHY: &str = "flags = ',' AND outcome IN ('ok', 'no_budget')";
 
 /// The spans of `traces` (at most `IDS_PER_STATEMENT` of them), then `tail`.
 fn spans_of<DB: Database>(traces: &[TraceId], tail: &str) -> QueryBuilder<DB>

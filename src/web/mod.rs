@@ -66,6 +66,25 @@ pub struct AppState {
     pub access: Arc<UiAccess>,
     /// The working memory reads of whole traces reserve (`--memory-limit`, `read.rs`).
     pub memory: Arc<MemoryBudget>,
+    /// How long healthy traces are kept when shorter than all traces (`--retention-healthy`),
+    /// for the pages to say so; none keeps them as long as the rest.
+    pub retention_healthy: Option<std::time::Duration>,
+}
+
+impl AppState {
+    /// What the pages say about a range reaching back before `since_unix_nano` (none for a
+    /// range that starts later, or when healthy traces are kept as long as the rest).
+    pub fn healthy_note(&self, since_unix_nano: Option<u64>) -> Option<String> {
+        let kept = self.retention_healthy?;
+        let cutoff = crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
+        since_unix_nano.is_none_or(|since| since < cutoff).then(|| {
+            format!(
+                "Healthy traces (no flag, not exceeded) are kept {}: older than that, only \
+                 traces with a problem are listed. The hop statistics count every request.",
+                humantime::format_duration(kept)
+            )
+        })
+    }
 }
 
 impl AppState {
@@ -91,6 +110,7 @@ impl AppState {
             allowed_hosts: None,
             access: Arc::new(UiAccess::open()),
             memory: MemoryBudget::for_limit(crate::pipeline::memory::DEFAULT_LIMIT),
+            retention_healthy: None,
         }
     }
 }

@@ -128,6 +128,9 @@ pub struct OverviewPage {
     pub behind: Option<String>,
     /// Set while stored traces are re-analysed with the current rules (filled by the handler).
     pub reanalysing: Option<String>,
+    /// That healthy traces older than their retention are gone, when the range reaches back
+    /// that far (filled by the handler).
+    pub healthy_note: Option<String>,
 }
 
 pub async fn overview(
@@ -149,6 +152,7 @@ pub async fn overview(
     let status = state.status.latest();
     page.behind = status.as_ref().and_then(behind);
     page.reanalysing = status.as_ref().and_then(reanalysing);
+    page.healthy_note = state.healthy_note(Some(page.range.since));
     Ok(html(StatusCode::OK, &page))
 }
 
@@ -385,5 +389,6 @@ pub fn build(
         firing: Vec::new(),
         behind: None,
         reanalysing: None,
+        healthy_note: None,
     }
 }

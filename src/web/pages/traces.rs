@@ -94,6 +94,9 @@ pub struct TracesPage {
     pub next_href: Option<String>,
     pub first_href: Option<String>,
     pub description: String,
+    /// That healthy traces older than their retention are gone, when the search reaches
+    /// back that far.
+    pub healthy_note: Option<String>,
 }
 
 pub async fn traces(
@@ -167,6 +170,7 @@ pub async fn traces(
         next_href: None,
         first_href: None,
         description: String::new(),
+        healthy_note: None,
     };
     let now = now_unix_nano();
     let mut query = match parse_query(&params, now) {
@@ -183,6 +187,7 @@ pub async fn traces(
     let more = found.len() > limit as usize;
     found.truncate(limit as usize);
     page.searched = true;
+    page.healthy_note = state.healthy_note(query.since_unix_nano);
     let tolerance_ms = state.analyze.tolerance_ms;
     page.rows = found.iter().map(|t| row(t, tolerance_ms)).collect();
     // Pagination keeps every filter and replaces the cursor.
