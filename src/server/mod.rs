@@ -394,8 +394,9 @@ impl RunningServer {
     }
 }
 
-/// Deletes spans older than `retention` in bounded batches, every minute or so, while this
-/// server holds the lease.
+/// Deletes spans older than `retention`, and healthy traces older than
+/// `retention_healthy`, in bounded batches, every minute or so, while this server holds the
+/// lease.
 async fn retention_loop(
     store: Arc<dyn Store>,
     retention: Duration,
@@ -404,58 +405,28 @@ async fn retention_loop(
     stop: CancellationToken,
 ) {
     let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let cutoff_of =
+        |kept: Duration| crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
     loop {
-        let cutoff = crate::clock::now_unix_nano().saturating_sub(retention.as_nanos() as u64);
-        let mut deleted = 0u64;
-        loop {
-            if stop.is_cancelled() {
-                return;
-            }
-            if !lease.held() {
-                break;
-            }
-            match store.delete_before(cutoff, RETENTION_BATCH).await {
-                Ok(n) => {
-                    deleted += n;
-                    if n < u64::from(RETENTION_BATCH) {
-                        break;
-                    }
-                    // Give ingest a turn at the writer between batches.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "retention pass failed; will try again");
-                    break;
-                }
-            }
-        }
+        let cutoff = cutoff_of(retention);
+        let deleted = in_batches(&lease, &stop, RETENTION_BATCH, "old spans", || {
+            store.delete_before(cutoff, RETENTION_BATCH)
+        })
+        .await;
         if deleted > 0 {
             tracing::info!(deleted, "retention removed old spans");
         }
         // Healthy traces go sooner; their rollups stay for the whole retention.
-        let healthy_cutoff =
-            crate::clock::now_unix_nano().saturating_sub(retention_healthy.as_nanos() as u64);
-        let mut healthy = 0u64;
-        while lease.held() && !stop.is_cancelled() {
-            match store
-                .delete_healthy_before(healthy_cutoff, HEALTHY_BATCH)
-                .await
-            {
-                Ok(n) => {
-                    healthy += n;
-                    if n < u64::from(HEALTHY_BATCH) {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "removing old healthy traces failed; will try again");
-                    break;
-                }
-            }
-        }
+        let healthy_cutoff = cutoff_of(retention_healthy);
+        let healthy = in_batches(&lease, &stop, HEALTHY_BATCH, "old healthy traces", || {
+            store.delete_healthy_before(healthy_cutoff, HEALTHY_BATCH)
+        })
+        .await;
         if healthy > 0 {
             tracing::info!(traces = healthy, "retention removed old healthy traces");
+        }
+        if stop.is_cancelled() {
+            return;
         }
         if lease.held()
             && let Err(error) = store.delete_alerts_before(cutoff).await
@@ -467,6 +438,39 @@ async fn retention_loop(
             _ = tokio::time::sleep(period) => {}
         }
     }
+}
+
+/// Runs `delete` while it removes a full `batch` and the lease is held, giving ingest a turn
+/// at the writer between batches; returns how much it removed. A failure is logged and
+/// waits for the next pass.
+async fn in_batches<F, Fut>(
+    lease: &Lease,
+    stop: &CancellationToken,
+    batch: u32,
+    what: &str,
+    mut delete: F,
+) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, crate::store::StoreError>>,
+{
+    let mut removed = 0u64;
+    while lease.held() && !stop.is_cancelled() {
+        match delete().await {
+            Ok(n) => {
+                removed += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "retention could not remove {what}; will try again");
+                break;
+            }
+        }
+    }
+    removed
 }
 
 /// A database URL without its password, for messages.
