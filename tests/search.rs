@@ -380,6 +380,17 @@ edge server "GET /" 0 300 budget=800
         );
         assert_eq!(waiting["behind"], false);
         assert_eq!(waiting["ingest_queue_spans"], 0);
+        // What the store takes on disk; SQLite also says which pages hold data.
+        let disk = &waiting["disk"];
+        assert!(disk["bytes"].as_u64().unwrap() > 0, "{disk}");
+        assert_eq!(
+            disk["in_use_bytes"].is_u64(),
+            db.backend == "sqlite",
+            "{disk}"
+        );
+        assert_eq!(disk["max_bytes"], serde_json::Value::Null);
+        let metrics = common::get_text(&server, "/metrics").await;
+        assert!(metrics.contains("\nbudgetscope_store_bytes "), "{metrics}");
         // The analyzer counts a pass once its summaries are written, so a measurement can
         // see the backlog gone a tick before the rate that cleared it.
         let done = wait_for_status(&server, |s| {

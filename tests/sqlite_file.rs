@@ -144,3 +144,90 @@ async fn a_schema_from_a_newer_budgetscope_is_refused_with_what_to_do() {
         "{error}"
     );
 }
+
+/// `--max-disk`: near the cap the oldest healthy traces go first, the ones with a problem
+/// stay while deleting healthy ones is enough, and past that the oldest of those go too;
+/// with nothing analysed left to delete, the pass says the store is still over.
+#[tokio::test]
+async fn near_max_disk_the_oldest_healthy_traces_go_first() {
+    use budgetscope::core::analyze::fixture;
+    use budgetscope::core::model::{AttrValue, TraceId};
+    use budgetscope::pipeline::lease::Lease;
+    use budgetscope::pipeline::metrics::{DeletedFor, Metrics};
+    use budgetscope::pipeline::retention::keep_under_cap;
+    use budgetscope::store::TraceSet;
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let healthy = common::HEALTHY_CHAIN;
+    let late = common::EXCEEDED_CHAIN;
+    // 1,500 traces a second apart (three batches of deletes), one in five exceeded, each
+    // span ~1 KB.
+    let start = common::now_nanos() - 3_600_000_000_000;
+    for i in 0..1_500u32 {
+        let mut spans = fixture::parse(if i % 5 == 0 { late } else { healthy });
+        for span in &mut spans {
+            span.trace_id = TraceId::from_bytes(&(u128::from(i) + 1).to_be_bytes()).unwrap();
+            span.start_unix_nano += start - fixture::BASE_UNIX_NANO + u64::from(i) * 1_000_000_000;
+            span.end_unix_nano += start - fixture::BASE_UNIX_NANO + u64::from(i) * 1_000_000_000;
+            span.attributes
+                .push(("pad".into(), AttrValue::String("p".repeat(1_000))));
+        }
+        store.write_spans(&spans).await.unwrap();
+    }
+    common::analyse_waiting(store.as_ref()).await;
+    let in_use = || async { store.disk_usage().await.unwrap().in_use_bytes.unwrap() };
+    let traces = |id: u32| {
+        let store = store.clone();
+        async move {
+            let id = TraceId::from_bytes(&(u128::from(id) + 1).to_be_bytes()).unwrap();
+            !store.trace(id).await.unwrap().is_empty()
+        }
+    };
+    let lease = Lease::new("retention", "test".into());
+    assert!(lease.renew(store.as_ref()).await);
+    let metrics = Metrics::default();
+    let stop = tokio_util::sync::CancellationToken::new();
+
+    // A cap a fifth below what is in use: healthy traces are enough, oldest first.
+    let before = in_use().await;
+    let cap = before - before / 5;
+    let over = keep_under_cap(store.as_ref(), cap, &metrics, &lease, &stop, false).await;
+    assert!(!over);
+    assert!(
+        in_use().await <= cap - cap / 50,
+        "{} > {cap}",
+        in_use().await
+    );
+    let healthy_gone = metrics.traces_deleted_for(DeletedFor::MaxDiskHealthy);
+    assert!(healthy_gone > 0 && healthy_gone < 1_200, "{healthy_gone}");
+    assert_eq!(metrics.traces_deleted_for(DeletedFor::MaxDisk), 0);
+    assert!(!traces(1).await, "the oldest healthy trace went");
+    assert!(traces(1_499).await, "the newest stays");
+    for flagged in (0..1_500).step_by(5) {
+        assert!(traces(flagged).await, "exceeded trace {flagged} stays");
+    }
+    // Under the cap, nothing more goes.
+    assert!(!keep_under_cap(store.as_ref(), cap, &metrics, &lease, &stop, false).await);
+    assert_eq!(
+        metrics.traces_deleted_for(DeletedFor::MaxDiskHealthy),
+        healthy_gone
+    );
+
+    // A cap nothing fits under: every analysed trace goes, healthy ones first, and the pass
+    // says it is still over.
+    assert!(keep_under_cap(store.as_ref(), 64 << 10, &metrics, &lease, &stop, false).await);
+    assert_eq!(
+        metrics.traces_deleted_for(DeletedFor::MaxDiskHealthy)
+            + metrics.traces_deleted_for(DeletedFor::MaxDisk),
+        1_500
+    );
+    assert_eq!(metrics.traces_deleted_for(DeletedFor::MaxDisk), 300);
+    assert_eq!(
+        store
+            .delete_traces_before(u64::MAX, TraceSet::Analysed, 500)
+            .await
+            .unwrap(),
+        0
+    );
+}

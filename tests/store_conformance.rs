@@ -12,7 +12,7 @@ use budgetscope::core::model::{
     AttrValue, Budget, Event, Link, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 use budgetscope::store::query::{Backlog, DueQuery, RollupQuery, TraceQuery};
-use budgetscope::store::{self, Operation, Store};
+use budgetscope::store::{self, Operation, Store, TraceSet};
 use common::{TestDb, bulk_spans, file_size, span};
 
 /// Runs `check` against a fresh store of every available backend.
@@ -1446,16 +1446,8 @@ async fn healthy_traces_go_before_the_rest_and_the_statistics_keep_them() {
             }
             spans
         };
-        let healthy = r#"
-edge server "GET /" 0 100 budget=1000
-  edge client "GET /x" 5 90 budget=990
-    x server "GET /x" 6 88 budget=989
-"#;
-        let late = r#"
-edge server "GET /" 0 1400 budget=1000
-  edge client "GET /x" 5 1390 budget=990
-    x server "GET /x" 6 1388 budget=989
-"#;
+        let healthy = common::HEALTHY_CHAIN;
+        let late = common::EXCEEDED_CHAIN;
         for (id, start, text) in [
             (0xa1, now - 2 * day, healthy),
             (0xa2, now - 2 * day + 1_000_000_000, late),
@@ -1480,7 +1472,10 @@ edge server "GET /" 0 1400 budget=1000
                 .sum::<i64>()
         };
         assert_eq!(counted().await, 3, "{backend}");
-        let deleted = store.delete_healthy_before(now - day, 500).await.unwrap();
+        let deleted = store
+            .delete_traces_before(now - day, TraceSet::Healthy, 500)
+            .await
+            .unwrap();
         assert_eq!(deleted, 1, "{backend}");
         assert!(
             store.trace(TraceId([0xa1; 16])).await.unwrap().is_empty(),
@@ -1510,9 +1505,56 @@ edge server "GET /" 0 1400 budget=1000
             "{backend}: the statistics still count it"
         );
         assert_eq!(
-            store.delete_healthy_before(now - day, 500).await.unwrap(),
+            store
+                .delete_traces_before(now - day, TraceSet::Healthy, 500)
+                .await
+                .unwrap(),
             0
         );
+        // Near `--max-disk`, the oldest of the rest go too; a newer one stays.
+        assert_eq!(
+            store
+                .delete_traces_before(now - day, TraceSet::Analysed, 500)
+                .await
+                .unwrap(),
+            1,
+            "{backend}"
+        );
+        assert!(
+            store.trace(TraceId([0xa2; 16])).await.unwrap().is_empty(),
+            "{backend}"
+        );
+        assert_eq!(store.trace(TraceId([0xa3; 16])).await.unwrap().len(), 3);
+        assert_eq!(counted().await, 3, "{backend}");
+    })
+    .await;
+}
+
+/// The store says what it takes on disk: SQLite its file, WAL and pages in use; Postgres
+/// its schema's tables, growing as spans arrive.
+#[tokio::test]
+async fn disk_use_is_measured() {
+    on_every_store(|store, backend| async move {
+        let before = store.disk_usage().await.unwrap();
+        assert!(before.bytes > 0, "{backend}: {before:?}");
+        store
+            .write_spans(&bulk_spans(7, 0x5eed << 64, &"p".repeat(300)))
+            .await
+            .unwrap();
+        let after = store.disk_usage().await.unwrap();
+        match backend {
+            "sqlite" => {
+                let (was, now) = (before.in_use_bytes.unwrap(), after.in_use_bytes.unwrap());
+                assert!(now > was, "{backend}: {before:?} → {after:?}");
+            }
+            _ => {
+                assert_eq!(after.in_use_bytes, None);
+                assert!(
+                    after.bytes > before.bytes,
+                    "{backend}: {before:?} → {after:?}"
+                );
+            }
+        }
     })
     .await;
 }

@@ -55,6 +55,41 @@ struct AlertLabels {
     severity: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Deleted {
+    reason: &'static str,
+}
+
+/// Why traces were deleted before `--retention` (`budgetscope_traces_deleted_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletedFor {
+    /// Healthy, and older than `--retention-healthy`.
+    RetentionHealthy,
+    /// Healthy, and the oldest when the store neared `--max-disk`.
+    MaxDiskHealthy,
+    /// With a problem, and the oldest when the store neared `--max-disk` with no healthy
+    /// trace left.
+    MaxDisk,
+}
+
+impl DeletedFor {
+    fn as_str(self) -> &'static str {
+        match self {
+            DeletedFor::RetentionHealthy => "retention_healthy",
+            DeletedFor::MaxDiskHealthy => "max_disk_healthy",
+            DeletedFor::MaxDisk => "max_disk",
+        }
+    }
+}
+
+/// What `/metrics` reads at scrape time.
+pub struct Gauges<'a> {
+    pub alerts: &'a [Instance],
+    pub queued_spans: u64,
+    /// The last measurement of the store's disk (`status::Disk`).
+    pub disk: Option<crate::pipeline::status::Disk>,
+}
+
 type HistogramFamily = Family<Hop, Histogram, fn() -> Histogram>;
 
 fn budget_histogram() -> Histogram {
@@ -93,6 +128,7 @@ pub struct Metrics {
     /// Of `traces_analysed`, those too large to analyse (`Outcome::TooLarge`).
     pub traces_too_large: Counter,
     pub alert_evaluations: Counter,
+    traces_deleted: Family<Deleted, Counter>,
     /// Seconds from a request's spans entering the ingest queue to their commit.
     pub commit_seconds: Histogram,
 }
@@ -119,6 +155,7 @@ impl Default for Metrics {
             traces_analysed_from_memory: Counter::default(),
             traces_too_large: Counter::default(),
             alert_evaluations: Counter::default(),
+            traces_deleted: Family::default(),
             commit_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
             ),
@@ -202,8 +239,31 @@ impl Metrics {
         }
     }
 
+    /// Counts traces deleted before `--retention`.
+    pub fn traces_deleted(&self, reason: DeletedFor, traces: u64) {
+        self.traces_deleted
+            .get_or_create(&Deleted {
+                reason: reason.as_str(),
+            })
+            .inc_by(traces);
+    }
+
+    /// Traces deleted before `--retention` for `reason` by this process.
+    pub fn traces_deleted_for(&self, reason: DeletedFor) -> u64 {
+        self.traces_deleted
+            .get(&Deleted {
+                reason: reason.as_str(),
+            })
+            .map_or(0, |counter| counter.get())
+    }
+
     /// The exposition, with the gauges read at scrape time.
-    pub fn render(&self, alerts: &[Instance], queued_spans: u64) -> String {
+    pub fn render(&self, gauges: Gauges<'_>) -> String {
+        let Gauges {
+            alerts,
+            queued_spans,
+            disk,
+        } = gauges;
         let mut registry = Registry::with_prefix("budgetscope");
         registry.register(
             "hop_requests",
@@ -296,6 +356,33 @@ impl Metrics {
             self.alert_evaluations.clone(),
         );
         registry.register(
+            "traces_deleted",
+            "Traces deleted before --retention: reason=retention_healthy (older than --retention-healthy), max_disk_healthy or max_disk (the oldest, near --max-disk); their hop statistics stay",
+            self.traces_deleted.clone(),
+        );
+        if let Some(disk) = disk {
+            let gauge = |bytes: u64| {
+                let gauge: Gauge = Gauge::default();
+                gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                gauge
+            };
+            registry.register(
+                "store_bytes",
+                "Bytes the store's files take (SQLite: the database and its WAL; Postgres: this schema's tables and indexes)",
+                gauge(disk.usage.bytes),
+            );
+            if let Some(in_use) = disk.usage.in_use_bytes {
+                registry.register(
+                    "store_in_use_bytes",
+                    "SQLite pages that hold data (free pages are reused before the file grows): what --max-disk caps",
+                    gauge(in_use),
+                );
+            }
+            if let Some(max) = disk.max_bytes {
+                registry.register("store_max_bytes", "--max-disk", gauge(max));
+            }
+        }
+        registry.register(
             "ingest_commit_seconds",
             "Seconds from an export request's spans entering the ingest queue to their commit",
             self.commit_seconds.clone(),
@@ -367,7 +454,18 @@ mod tests {
         let mut back = Rollup::default();
         back.unmerge(&delta);
         metrics.record_rollups(&[(key, back)]);
-        let text = metrics.render(&[], 7);
+        metrics.traces_deleted(DeletedFor::MaxDiskHealthy, 3);
+        let text = metrics.render(Gauges {
+            alerts: &[],
+            queued_spans: 7,
+            disk: Some(crate::pipeline::status::Disk {
+                usage: crate::store::DiskUsage {
+                    bytes: 5000,
+                    in_use_bytes: Some(4096),
+                },
+                max_bytes: Some(1 << 30),
+            }),
+        });
         for line in [
             "budgetscope_hop_requests_total{service=\"inventory\",operation=\"GET /items\"} 1",
             "budgetscope_hop_deadline_exceeded_total{service=\"inventory\",operation=\"GET /items\",origin=\"local\"} 1",
@@ -375,6 +473,10 @@ mod tests {
             "budgetscope_hop_wasted_milliseconds_total{service=\"inventory\",operation=\"GET /items\"} 4.0",
             "budgetscope_hop_budget_received_milliseconds_bucket{le=\"250.0\",service=\"inventory\",operation=\"GET /items\"} 1",
             "budgetscope_ingest_queue_spans 7",
+            "budgetscope_traces_deleted_total{reason=\"max_disk_healthy\"} 3",
+            "budgetscope_store_bytes 5000",
+            "budgetscope_store_in_use_bytes 4096",
+            "budgetscope_store_max_bytes 1073741824",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -21,7 +21,7 @@ use crate::pipeline::ingest::Ingestor;
 use crate::pipeline::lease::Lease;
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Progress, Reanalysis};
-use crate::store::{Store, StoreError};
+use crate::store::{DiskUsage, Store, StoreError};
 
 /// How often `run` measures.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -70,6 +70,17 @@ pub struct Status {
     /// The re-analysis of stored traces analysed with other rules (`reanalysis.rs`); null
     /// when none was needed since this server started.
     pub reanalysis: Option<Progress>,
+    /// What the store takes on disk.
+    pub disk: Disk,
+}
+
+/// What the store takes on disk, and its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Disk {
+    #[serde(flatten)]
+    pub usage: DiskUsage,
+    /// `--max-disk`, when given.
+    pub max_bytes: Option<u64>,
 }
 
 /// Measures the status and keeps the last measurement.
@@ -80,6 +91,7 @@ pub struct Monitor {
     lease: Option<Arc<Lease>>,
     reanalysis: Option<Arc<Reanalysis>>,
     quiet_period: Duration,
+    max_disk: Option<u64>,
     state: Mutex<State>,
 }
 
@@ -103,6 +115,7 @@ impl Monitor {
         lease: Option<Arc<Lease>>,
         reanalysis: Option<Arc<Reanalysis>>,
         quiet_period: Duration,
+        max_disk: Option<u64>,
     ) -> Arc<Monitor> {
         Arc::new(Monitor {
             store,
@@ -111,6 +124,7 @@ impl Monitor {
             lease,
             reanalysis,
             quiet_period,
+            max_disk,
             state: Mutex::default(),
         })
     }
@@ -145,6 +159,10 @@ impl Monitor {
         let wall = now_unix_nano();
         let quiet_before = wall.saturating_sub(self.quiet_period.as_nanos() as u64);
         let backlog = self.store.analysis_backlog(quiet_before).await?;
+        let disk = Disk {
+            usage: self.store.disk_usage().await?,
+            max_bytes: self.max_disk,
+        };
         let now = Instant::now();
         let analysed = self.metrics.traces_analysed.get();
         let mut state = self.lock();
@@ -187,6 +205,7 @@ impl Monitor {
             holds_lease: self.lease.as_ref().is_some_and(|lease| lease.held()),
             measured_unix_ms: wall / 1_000_000,
             reanalysis: self.reanalysis.as_ref().and_then(|r| r.progress()),
+            disk,
         };
         state.last = Some(status.clone());
         Ok(status)

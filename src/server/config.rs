@@ -109,6 +109,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BUDGETSCOPE_RETENTION_HEALTHY")]
     pub retention_healthy: Option<String>,
 
+    /// A soft cap on the SQLite store's disk (e.g. 50GB, 500MiB; at least 64MiB): near it,
+    /// the oldest healthy traces are deleted first, then the oldest others, so the file
+    /// stops growing (it does not shrink). Not on Postgres. Default: none.
+    #[arg(long, env = "BUDGETSCOPE_MAX_DISK")]
+    pub max_disk: Option<String>,
+
     /// Browser origins allowed to export over OTLP/HTTP (comma-separated; none by default).
     #[arg(long, env = "BUDGETSCOPE_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
@@ -231,6 +237,8 @@ pub struct ServeConfig {
     pub retention: Duration,
     /// How long healthy traces are kept: at most `retention`.
     pub retention_healthy: Duration,
+    /// `--max-disk` in bytes (SQLite only).
+    pub max_disk: Option<u64>,
     pub quiet_period: Duration,
     pub max_trace_wait: Duration,
     pub cors_origins: Vec<HeaderValue>,
@@ -399,6 +407,28 @@ impl ServeArgs {
                         "expected a duration from 1m up to --retention, e.g. 1d",
                     )
                 })?,
+        };
+        let max_disk = match &self.max_disk {
+            None => None,
+            Some(text) => {
+                let invalid =
+                    |problem: &str| invalid("max-disk", "BUDGETSCOPE_MAX_DISK", text, problem);
+                if matches!(db, DbUrl::Postgres(_)) {
+                    return Err(invalid(
+                        "applies to the embedded SQLite store only: Postgres does not say how \
+                         much of its tables' space is free for reuse, so a cap there could \
+                         only guess; size its disk, shorten --retention or \
+                         --retention-healthy, and leave --max-disk out",
+                    ));
+                }
+                let bytes = parse_size(text)
+                    .map(|n| n as u64)
+                    .filter(|n| *n >= MIN_MAX_DISK)
+                    .ok_or_else(|| {
+                        invalid("expected a size of at least 64MiB, e.g. 50GB or 500MiB")
+                    })?;
+                Some(bytes)
+            }
         };
         let quiet_period = parse_duration_or_zero(&self.quiet_period).ok_or_else(|| {
             invalid(
@@ -593,6 +623,7 @@ impl ServeArgs {
             max_request_bytes,
             retention,
             retention_healthy,
+            max_disk,
             quiet_period,
             max_trace_wait,
             cors_origins,
@@ -671,6 +702,9 @@ pub fn parse_db_url(url: &str) -> Result<DbUrl, String> {
     }
 }
 
+/// `--max-disk`'s least: a WAL alone may take 64 MiB between two resets.
+const MIN_MAX_DISK: u64 = 64 << 20;
+
 /// Parses `20MiB`, `512KiB`, `1GiB`, `1MB`, `1000`.
 pub fn parse_size(text: &str) -> Option<usize> {
     let text = text.trim();
@@ -684,9 +718,11 @@ pub fn parse_size(text: &str) -> Option<usize> {
         "kib" => 1 << 10,
         "mib" => 1 << 20,
         "gib" => 1 << 30,
+        "tib" => 1 << 40,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         _ => return None,
     };
     n.checked_mul(multiplier)
@@ -717,6 +753,9 @@ mod tests {
         // Healthy traces are never kept longer than the rest.
         let short = args(&["--retention", "6h"]).unwrap();
         assert_eq!(short.retention_healthy, Duration::from_secs(6 * 3600));
+        assert_eq!(config.max_disk, None);
+        let capped = args(&["--max-disk", "50GB"]).unwrap();
+        assert_eq!(capped.max_disk, Some(50_000_000_000));
         assert_eq!(config.budget_keys.len(), DEFAULT_BUDGET_KEYS.len());
         assert!(config.cors_origins.is_empty());
         assert_eq!(config.alert_interval, Duration::from_secs(30));
@@ -757,6 +796,14 @@ mod tests {
             (
                 vec!["--retention", "12h", "--retention-healthy", "2d"],
                 "invalid --retention-healthy (env BUDGETSCOPE_RETENTION_HEALTHY) \"2d\": expected a duration from 1m up to --retention",
+            ),
+            (
+                vec!["--max-disk", "10MiB"],
+                "invalid --max-disk (env BUDGETSCOPE_MAX_DISK) \"10MiB\": expected a size of at least 64MiB",
+            ),
+            (
+                vec!["--db", "postgres://x@localhost/db", "--max-disk", "1TB"],
+                "applies to the embedded SQLite store only",
             ),
             (vec!["--tolerance-ms", "-1"], "invalid --tolerance-ms"),
             (

@@ -36,6 +36,7 @@ use crate::pipeline::memory::MemoryBudget;
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::Reanalysis;
 use crate::pipeline::receiver::{Receiver, ReceiverParts};
+use crate::pipeline::retention::{self, Retention};
 use crate::pipeline::status::{self, Monitor};
 use crate::server::config::{DbUrl, ServeConfig};
 use crate::server::tls::Certificate;
@@ -46,11 +47,6 @@ use listen::Limits;
 
 /// How often queued notifications are looked for (retries wait at least 1 s).
 const DELIVERY_POLL: Duration = Duration::from_millis(500);
-
-/// Spans deleted per retention transaction, so deletes never hold the writer for long.
-const RETENTION_BATCH: u32 = 5_000;
-/// Healthy traces deleted per transaction (`Store::delete_healthy_before`'s most).
-const HEALTHY_BATCH: u32 = 500;
 
 /// A started server and the addresses it actually bound (port 0 picks a free one).
 pub struct RunningServer {
@@ -223,6 +219,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
         Some(lease.clone()),
         Some(reanalysis.clone()),
         config.quiet_period,
+        config.max_disk,
     );
     let http = listen::serve(
         http_listener,
@@ -261,10 +258,14 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
             let (lease, store, stop) = (lease.clone(), store.clone(), stop_background.clone());
             async move { lease.run(store.as_ref(), stop).await }
         }),
-        tokio::spawn(retention_loop(
+        tokio::spawn(retention::run(
             store.clone(),
-            config.retention,
-            config.retention_healthy,
+            Retention {
+                all: config.retention,
+                healthy: config.retention_healthy,
+                max_disk: config.max_disk,
+            },
+            metrics.clone(),
             lease.clone(),
             stop_background.clone(),
         )),
@@ -392,85 +393,6 @@ impl RunningServer {
         self.lease.release(self.store.as_ref()).await;
         tracing::info!("budgetscope stopped; every acknowledged span is committed");
     }
-}
-
-/// Deletes spans older than `retention`, and healthy traces older than
-/// `retention_healthy`, in bounded batches, every minute or so, while this server holds the
-/// lease.
-async fn retention_loop(
-    store: Arc<dyn Store>,
-    retention: Duration,
-    retention_healthy: Duration,
-    lease: Arc<Lease>,
-    stop: CancellationToken,
-) {
-    let period = (retention / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let cutoff_of =
-        |kept: Duration| crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
-    loop {
-        let cutoff = cutoff_of(retention);
-        let deleted = in_batches(&lease, &stop, RETENTION_BATCH, "old spans", || {
-            store.delete_before(cutoff, RETENTION_BATCH)
-        })
-        .await;
-        if deleted > 0 {
-            tracing::info!(deleted, "retention removed old spans");
-        }
-        // Healthy traces go sooner; their rollups stay for the whole retention.
-        let healthy_cutoff = cutoff_of(retention_healthy);
-        let healthy = in_batches(&lease, &stop, HEALTHY_BATCH, "old healthy traces", || {
-            store.delete_healthy_before(healthy_cutoff, HEALTHY_BATCH)
-        })
-        .await;
-        if healthy > 0 {
-            tracing::info!(traces = healthy, "retention removed old healthy traces");
-        }
-        if stop.is_cancelled() {
-            return;
-        }
-        if lease.held()
-            && let Err(error) = store.delete_alerts_before(cutoff).await
-        {
-            tracing::warn!(%error, "removing old alert history failed; will try again");
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
-        }
-    }
-}
-
-/// Runs `delete` while it removes a full `batch` and the lease is held, giving ingest a turn
-/// at the writer between batches; returns how much it removed. A failure is logged and
-/// waits for the next pass.
-async fn in_batches<F, Fut>(
-    lease: &Lease,
-    stop: &CancellationToken,
-    batch: u32,
-    what: &str,
-    mut delete: F,
-) -> u64
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<u64, crate::store::StoreError>>,
-{
-    let mut removed = 0u64;
-    while lease.held() && !stop.is_cancelled() {
-        match delete().await {
-            Ok(n) => {
-                removed += n;
-                if n < u64::from(batch) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "retention could not remove {what}; will try again");
-                break;
-            }
-        }
-    }
-    removed
 }
 
 /// A database URL without its password, for messages.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::query::{AttrFilter, Backlog, Cursor, DueQuery};
+use super::query::{AttrFilter, Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::EncodedBatch;
 use crate::core::model::TraceId;
 
@@ -74,6 +74,9 @@ pub trait Backend: Send + Sync + 'static {
         cutoff: i64,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// `Store::disk_usage`: each database measures its files its own way.
+    async fn disk_usage(&self) -> Result<DiskUsage, StoreError>;
 
     /// `AnalysisQueue::analysis_backlog`: the marks differ.
     async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError>;

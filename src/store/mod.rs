@@ -67,6 +67,7 @@ use query::{
     SpanListCounts, SpanListQuery, SpanPosition, StaleQuery, TraceOutline, TraceQuery, TraceSize,
     TracesWithin,
 };
+pub use query::{DiskUsage, TraceSet};
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
 /// A (service, span name, kind) seen in stored spans.
@@ -322,15 +323,19 @@ pub trait Store:
     /// Returns how many spans were deleted.
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError>;
 
-    /// Retention by value: deletes the spans, summary and index terms of at most `limit`
-    /// (≤ 500) analysed healthy traces, those with no flag and an outcome of `ok` or
-    /// `no_budget`, that started before the cutoff, oldest first. Rollups keep counting
-    /// them. Returns how many traces were deleted.
-    async fn delete_healthy_before(
+    /// Retention by value, and the disk cap: deletes the spans, summary and index terms of
+    /// at most `limit` (≤ 500) analysed traces of `set` that started before the cutoff,
+    /// oldest first. Rollups keep counting them; a trace not analysed yet is never deleted
+    /// here. Returns how many traces were deleted.
+    async fn delete_traces_before(
         &self,
         cutoff_unix_nano: u64,
+        set: TraceSet,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// What the store takes on disk.
+    async fn disk_usage(&self) -> Result<DiskUsage, StoreError>;
 }
 
 /// How long a trace one server's analyzer took is passed over by the others

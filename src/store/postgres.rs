@@ -13,7 +13,7 @@ use sqlx::QueryBuilder;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DueQuery};
+use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
@@ -391,6 +391,22 @@ impl Backend for PostgresBackend {
         .execute(conn)
         .await?
         .rows_affected())
+    }
+
+    async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
+        // This schema's tables with their indexes and TOAST: several servers (or tests) may
+        // share one database in schemas of their own.
+        let (bytes,): (Option<i64>,) = sqlx::query_as(
+            "SELECT CAST(sum(pg_total_relation_size(c.oid)) AS BIGINT) FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(DiskUsage {
+            bytes: bytes.unwrap_or(0).max(0) as u64,
+            in_use_bytes: None,
+        })
     }
 
     async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {

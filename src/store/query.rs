@@ -222,6 +222,27 @@ pub struct Backlog {
     pub active: u64,
 }
 
+/// What the store takes on disk, for `/api/status`, `/metrics` and `--max-disk`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DiskUsage {
+    /// Bytes the store's files take: SQLite's database file and its WAL; on Postgres, this
+    /// schema's tables with their indexes and TOAST.
+    pub bytes: u64,
+    /// SQLite's pages that hold data (its free pages are reused before the file grows, and
+    /// the WAL is copied in and started over): what `--max-disk` caps. Null on Postgres,
+    /// which does not say how much of its space deletes freed.
+    pub in_use_bytes: Option<u64>,
+}
+
+/// Which traces `Store::delete_traces_before` deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceSet {
+    /// Analysed traces with no flag and an outcome of `ok` or `no_budget`.
+    Healthy,
+    /// Every analysed trace.
+    Analysed,
+}
+
 /// Hop rollups of `[since, until)` (minute-aligned), optionally of one service or operation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RollupQuery<'a> {

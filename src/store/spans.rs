@@ -12,8 +12,8 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::backend::{Backend, SqlStore, Writer as _};
 use super::query::{
-    Cursor, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,
-    TraceOutline, TraceQuery, TraceSize, TracesWithin, finish_search, start_search,
+    Cursor, DiskUsage, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,
+    TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search, start_search,
 };
 use super::rollup::decode_hops;
 use super::summaries::{delete_summaries_before, push_list};
@@ -370,17 +370,22 @@ where
         Ok(deleted)
     }
 
-    async fn delete_healthy_before(
+    async fn delete_traces_before(
         &self,
         cutoff_unix_nano: u64,
+        set: TraceSet,
         limit: u32,
     ) -> Result<u64, StoreError> {
         let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
         let limit = i64::from(limit).min(IDS_PER_STATEMENT as i64);
+        let which = match set {
+            TraceSet::Healthy => HEALTHY,
+            TraceSet::Analysed => "TRUE",
+        };
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
         let mut find = QueryBuilder::<B::Db>::new(format!(
-            "SELECT trace_id, start_unix_nano FROM trace_summaries WHERE {HEALTHY} AND \
+            "SELECT trace_id, start_unix_nano FROM trace_summaries WHERE {which} AND \
              start_unix_nano < "
         ));
         find.push_bind(cutoff)
@@ -388,7 +393,7 @@ where
             .push_bind(limit);
         let ids: Vec<(Vec<u8>, i64)> = find.build_query_as().fetch_all(&mut *tx).await?;
         if !ids.is_empty() {
-            // The summary last: it is what names the trace healthy.
+            // The summary last: it is what names the trace analysed (and healthy).
             for table in ["spans", "trace_terms", "trace_summaries"] {
                 let mut delete =
                     QueryBuilder::<B::Db>::new(format!("DELETE FROM {table} WHERE trace_id IN "));
@@ -399,6 +404,10 @@ where
         tx.commit().await?;
         writer.done();
         Ok(ids.len() as u64)
+    }
+
+    async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
+        self.backend.disk_usage().await
     }
 }
 

@@ -26,7 +26,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::StoreError;
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DueQuery};
+use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;
@@ -58,6 +58,9 @@ const RESET_LEFT_FRAMES: i64 = 256;
 /// it fired under steady load, in the writer's commits, and raised the export p99
 /// (BENCHMARKS.md, "WAL").
 const WAL_BOUND_FRAMES: &str = "65536";
+
+/// `WAL_RESET_FRAMES` in bytes (4 KiB pages).
+const WAL_RESET_BYTES: &str = "67108864";
 
 pub struct SqliteBackend {
     /// The lock on `<file>.lock` that makes the file this server's (`own_file`); `None` in
@@ -411,6 +414,9 @@ const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
 /// Settings of the connections that write to a database file, over `CONNECTION_PRAGMAS`.
 const WRITER_PRAGMAS: &[(&str, &str)] = &[
     ("wal_autocheckpoint", WAL_BOUND_FRAMES),
+    // A WAL that grew past `WAL_RESET_FRAMES` (a burst, retention's deletes) is cut back to
+    // that size when it starts over, so the file does not keep its largest size on disk.
+    ("journal_size_limit", WAL_RESET_BYTES),
     // The writer's B-tree descents touch pages all over the file: through a map they would
     // all count as the server's resident memory. It reads through its own bounded page
     // cache instead.
@@ -715,6 +721,30 @@ impl Backend for SqliteBackend {
         .execute(conn)
         .await?
         .rows_affected())
+    }
+
+    async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
+        let (pages, in_use): (i64, i64) = sqlx::query_as(
+            "SELECT page_count * page_size, (page_count - freelist_count) * page_size \
+             FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()",
+        )
+        .fetch_one(&self.reader)
+        .await?;
+        // On disk: the file and its WAL (pages committed to the WAL count once they are
+        // copied into the file, which may be shorter until then).
+        let bytes = match &self.file {
+            None => pages as u64,
+            Some(file) => {
+                let size = |path: &std::path::Path| std::fs::metadata(path).map_or(0, |m| m.len());
+                let mut wal = file.clone().into_os_string();
+                wal.push("-wal");
+                size(file) + size(std::path::Path::new(&wal))
+            }
+        };
+        Ok(DiskUsage {
+            bytes,
+            in_use_bytes: Some(in_use.max(0) as u64),
+        })
     }
 
     async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {

@@ -44,7 +44,13 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Response, ApiError>
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let alerts = state.store.alert_instances().await?;
     let queued = state.ingest.as_ref().map_or(0, |i| i.queued_spans());
-    let text = state.metrics.render(&alerts, queued);
+    // The status monitor's last measurement, taken every few seconds.
+    let disk = state.status.current().await.ok().map(|status| status.disk);
+    let text = state.metrics.render(crate::pipeline::metrics::Gauges {
+        alerts: &alerts,
+        queued_spans: queued,
+        disk,
+    });
     Ok((
         [(
             header::CONTENT_TYPE,

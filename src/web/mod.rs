@@ -41,7 +41,7 @@ use crate::core::analyze::AnalyzeOptions;
 use crate::pipeline::alerter::RuleBook;
 use crate::pipeline::ingest::Ingestor;
 use crate::pipeline::memory::MemoryBudget;
-use crate::pipeline::metrics::Metrics;
+use crate::pipeline::metrics::{DeletedFor, Metrics};
 use crate::pipeline::status::Monitor;
 use crate::store::Store;
 use crate::web::access::UiAccess;
@@ -75,15 +75,32 @@ impl AppState {
     /// What the pages say about a range reaching back before `since_unix_nano` (none for a
     /// range that starts later, or when healthy traces are kept as long as the rest).
     pub fn healthy_note(&self, since_unix_nano: Option<u64>) -> Option<String> {
-        let kept = self.retention_healthy?;
-        let cutoff = crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
-        since_unix_nano.is_none_or(|since| since < cutoff).then(|| {
-            format!(
-                "Healthy traces (no flag, not exceeded) are kept {}: older than that, only \
-                 traces with a problem are listed. The hop statistics count every request.",
-                humantime::format_duration(kept)
-            )
-        })
+        let mut note = String::new();
+        if let Some(kept) = self.retention_healthy {
+            let cutoff = crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
+            if since_unix_nano.is_none_or(|since| since < cutoff) {
+                note = format!(
+                    "Healthy traces (no flag, not exceeded) are kept {}: older than that, only \
+                     traces with a problem are listed.",
+                    humantime::format_duration(kept)
+                );
+            }
+        }
+        let cap = |reason| self.metrics.traces_deleted_for(reason) > 0;
+        let near_cap = match (cap(DeletedFor::MaxDiskHealthy), cap(DeletedFor::MaxDisk)) {
+            (_, true) => Some("the oldest traces, healthy ones first"),
+            (true, false) => Some("the oldest healthy traces"),
+            (false, false) => None,
+        };
+        if let Some(which) = near_cap {
+            if !note.is_empty() {
+                note.push(' ');
+            }
+            note.push_str(&format!(
+                "The store reached its disk cap (--max-disk), so {which} were deleted sooner."
+            ));
+        }
+        (!note.is_empty()).then(|| note + " The hop statistics count every request.")
     }
 }
 
@@ -100,6 +117,7 @@ impl AppState {
                 None,
                 None,
                 quiet_period,
+                None,
             ),
             store,
             analyze,

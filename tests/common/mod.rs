@@ -514,3 +514,17 @@ pub async fn analyse_waiting(store: &dyn budgetscope::store::Store) {
     };
     while analysis_pass(store, &options).await.unwrap().more {}
 }
+
+/// A three-hop chain (fixture text) with no flag that ends in time: a healthy trace.
+pub const HEALTHY_CHAIN: &str = r#"
+edge server "GET /" 0 100 budget=1000
+  edge client "GET /x" 5 90 budget=990
+    x server "GET /x" 6 88 budget=989
+"#;
+
+/// The same chain running past its budget: exceeded, so never healthy.
+pub const EXCEEDED_CHAIN: &str = r#"
+edge server "GET /" 0 1400 budget=1000
+  edge client "GET /x" 5 1390 budget=990
+    x server "GET /x" 6 1388 budget=989
+"#;
