@@ -133,10 +133,11 @@ async fn pass() {
     for traces in [50, 200] {
         let before = LIVE.load(Ordering::Relaxed);
         PEAK.store(before, Ordering::Relaxed);
-        let (spans, bytes) = store
-            .traces_within(&ids[..traces], u64::MAX)
+        let read = store
+            .traces_within(&ids[..traces], u64::MAX, u64::MAX)
             .await
             .expect("reads");
+        let (spans, bytes) = (read.spans, read.bytes);
         {
             let mut by_trace: std::collections::HashMap<TraceId, Vec<Span>> = Default::default();
             for span in spans {

@@ -256,10 +256,10 @@ edge server "GET /" 0 300 budget=800
     }
 }
 
-/// While ingest is backlogged the analyzer rests between passes, but it never stops: every
+/// While ingest is saturated the analyzer rests between passes, but it never stops: every
 /// quiet trace is still summarised, across more than one pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
+async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
     use budgetscope::core::analyze::AnalyzeOptions;
     use budgetscope::pipeline::analyzer::{AnalyzerOptions, analyze_quiet_traces};
     use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
@@ -267,11 +267,16 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
 
     for db in TestDb::all().await {
         let store = budgetscope::store::open(&db.url).await.unwrap();
-        // 250 traces: more than one pass of the analyzer (200 traces per pass).
-        for id in 1..=250u8 {
-            let spans = trace(id, r#"edge server "GET /busy" 0 10 budget=100"#);
-            store.write_spans(&spans).await.unwrap();
+        // 1,050 traces: more than one pass of the analyzer (1,000 traces per pass).
+        let mut spans = Vec::new();
+        for id in 1..=1_050u32 {
+            let mut trace = trace(0, r#"edge server "GET /busy" 0 10 budget=100"#);
+            for span in &mut trace {
+                span.trace_id = TraceId::from_bytes(&u128::from(id).to_be_bytes()).unwrap();
+            }
+            spans.extend(trace);
         }
+        store.write_spans(&spans).await.unwrap();
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             max_trace_wait: Duration::from_secs(300),
@@ -282,13 +287,13 @@ async fn the_analyzer_yields_to_a_backlogged_ingest_but_finishes_its_work() {
                 DEFAULT_LIMIT,
             )),
         };
-        let always_backlogged = || true;
+        let always_saturated = || true;
         let stop = CancellationToken::new();
-        let done = analyze_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+        let done = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop)
             .await
             .unwrap();
-        assert_eq!(done, 250, "{}: every trace summarised", db.backend);
-        let again = analyze_quiet_traces(store.as_ref(), &options, &always_backlogged, &stop)
+        assert_eq!(done, 1_050, "{}: every trace summarised", db.backend);
+        let again = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop)
             .await
             .unwrap();
         assert_eq!(again, 0, "{}: nothing left to summarise", db.backend);

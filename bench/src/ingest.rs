@@ -81,11 +81,14 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => crate::server_beside_harness()?,
     };
-    let max_queued = [
+    let mut args = vec![
         "--max-queued-spans".to_string(),
         bench.max_queued_spans.to_string(),
     ];
-    let server = ChildServer::start(&exe, &serve_url, &max_queued).await?;
+    if let Some(quiet) = &bench.quiet_period {
+        args.extend(["--quiet-period".to_string(), quiet.clone()]);
+    }
+    let server = ChildServer::start(&exe, &serve_url, &args).await?;
     eprintln!(
         "server pid {} on {}; sending over {:?}{}",
         server.pid,

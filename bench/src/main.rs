@@ -149,6 +149,10 @@ pub struct IngestBench {
     /// Passed to the server: spans accepted but not yet committed (small values show overload).
     #[arg(long, default_value = "200000")]
     pub max_queued_spans: usize,
+    /// Passed to the server: its --quiet-period (`1h` keeps the background analyzer idle
+    /// through a run, for ingest alone).
+    #[arg(long)]
+    pub quiet_period: Option<String>,
     /// Skip the raw-insert ceiling (end-to-end figures only).
     #[arg(long)]
     pub no_ceiling: bool,

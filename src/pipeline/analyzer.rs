@@ -12,11 +12,16 @@
 //! (`held.rs`; as many as the store counts, no repeated id) are not read back, the others
 //! are read whole in id order until the pass's memory reservation is used. It analyses them
 //! in one blocking task and writes summaries, index terms, hop contributions and rollup
-//! deltas in one transaction. On Postgres, servers sharing a database share the work:
-//! `due_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE SKIP LOCKED`)
-//! and a server that dies leaves its claims to expire. While more than a quarter of
-//! `--max-queued-spans` waits (`Ingestor::backlogged`), it rests three times as long as its
-//! last pass took (at most 2 s), so it has at most a quarter of the single writer.
+//! deltas, `WRITE_CHUNK` traces per transaction. On Postgres, servers sharing a database
+//! share the work: `due_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE
+//! SKIP LOCKED`) and a server that dies leaves its claims to expire.
+//!
+//! Ingest comes first at saturation: while `Ingestor::saturated` (ingest's own commits took
+//! most of the last half second, or a quarter of `--max-queued-spans` waits), the analyzer
+//! rests nine times as long as its last pass took (at most 10 s), so it still makes
+//! progress and catches up when ingest eases. Below saturation it keeps pace: time ingest
+//! waited behind the analyzer's writes is not counted as ingest's, so a load that needs
+//! both near the writer's capacity is not taken for saturation.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::core::analyze::hops::{HopSample, samples};
+use crate::core::analyze::hops::{HopSample, Rollup, RollupKey, samples};
 use crate::core::analyze::summary::{TraceSummary, summarize};
 use crate::core::analyze::{AnalyzeOptions, Outcome, analyze};
 use crate::core::model::{Span, TraceId};
@@ -36,8 +41,8 @@ use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
 use crate::store::query::{DueQuery, TraceOutline, TracesWithin};
 use crate::store::{Store, StoreError};
 
-/// Traces analysed per pass (one transaction of summaries), at most: fewer when their
-/// spans do not fit in the pass's share of the memory budget. Against 200, finding the
+/// Traces analysed per pass, at most: fewer when their spans do not fit in the pass's
+/// share of the memory budget. Against 200, finding the
 /// quiet traces and counting their spans are paid a fifth as often, which keeps the lag
 /// bounded at 50k spans/s (`budgetscope-bench sustained --rate 50000`).
 const PASS_SIZE: u32 = 1000;
@@ -57,17 +62,43 @@ pub struct AnalyzerOptions {
     pub held: Arc<HeldTraces>,
 }
 
-/// While ingest is backlogged (a quarter of its queue waits), the analyzer rests this many
-/// times as long as its last pass took: it then has at most a quarter of the single
-/// writer's time until ingest has caught up.
-const REST_PER_PASS: u32 = 3;
+/// While ingest is saturated, the analyzer rests this many times as long as its last pass
+/// took: it then has at most a tenth of the time until ingest eases (burst ingest beside
+/// the analyzer: `budgetscope-bench ingest --transport http-proto --spans 3000000`).
+const REST_PER_PASS: u32 = 9;
 
 /// The longest rest between two passes, so summaries still advance under sustained load.
-const MAX_REST: Duration = Duration::from_secs(2);
+const MAX_REST: Duration = Duration::from_secs(10);
 
-/// Runs until `stop`. Passes yield to `ingest` whenever it is backlogged:
+/// What the analyzer yields to: ingest's writer. A closure answering `saturated` does for
+/// tests.
+pub trait WriterLoad: Sync {
+    /// Whether ingest needs the writer now: the analyzer then rests between passes.
+    fn saturated(&self) -> bool;
+    /// The analyzer held the writer this long (so that ingest waiting behind it is not
+    /// taken for ingest's own load).
+    fn background_wrote(&self, _took: Duration) {}
+}
+
+impl WriterLoad for Ingestor {
+    fn saturated(&self) -> bool {
+        Ingestor::saturated(self)
+    }
+
+    fn background_wrote(&self, took: Duration) {
+        Ingestor::background_wrote(self, took)
+    }
+}
+
+impl<F: Fn() -> bool + Sync> WriterLoad for F {
+    fn saturated(&self) -> bool {
+        self()
+    }
+}
+
+/// Runs until `stop`. Passes yield to `ingest` whenever it is saturated:
 /// a span not yet committed can be lost (its exporter gives up), a trace not yet
-/// summarised only waits. After the traces quiet now, and while ingest is not backlogged,
+/// summarised only waits. After the traces quiet now, and while ingest is not saturated,
 /// it re-analyses stored traces analysed with other rules (`reanalysis.rs`) for at most
 /// one poll interval, so re-analysis never holds up new traces for long.
 pub async fn run(
@@ -78,14 +109,13 @@ pub async fn run(
     stop: CancellationToken,
 ) {
     let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let backlogged = || ingest.backlogged();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(poll) => {}
         }
         // A fault of the database (`pipeline::health`) is logged once, there, not each poll.
-        match analyze_quiet_traces(store.as_ref(), &options, &backlogged, &stop).await {
+        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop).await {
             Ok(0) => {}
             Ok(traces) => {
                 ingest.health().observe(&Ok(()));
@@ -102,11 +132,15 @@ pub async fn run(
         }
         let started = Instant::now();
         while !reanalysis.finished()
-            && !backlogged()
+            && !ingest.saturated()
             && !stop.is_cancelled()
             && started.elapsed() < poll
         {
-            if let Err(error) = reanalysis_pass(store.as_ref(), &options, &reanalysis).await {
+            let pass = reanalysis_pass(store.as_ref(), &options, &reanalysis).await;
+            if let Ok(pass) = &pass {
+                ingest.background_wrote(pass.writing);
+            }
+            if let Err(error) = pass {
                 let error = Err(error);
                 if !ingest.health().observe(&error)
                     && let Err(error) = error
@@ -120,23 +154,23 @@ pub async fn run(
 }
 
 /// Summarises every trace quiet now; returns how many. After each pass, while
-/// `backlogged()` says ingest has fallen behind, rests `REST_PER_PASS` times the
-/// pass's duration.
+/// `writer` is saturated, rests `REST_PER_PASS` times the pass's duration.
 pub async fn analyze_quiet_traces(
     store: &dyn Store,
     options: &AnalyzerOptions,
-    backlogged: &(dyn Fn() -> bool + Sync),
+    writer: &dyn WriterLoad,
     stop: &CancellationToken,
 ) -> Result<usize, StoreError> {
     let mut done = 0;
     while !stop.is_cancelled() {
         let started = Instant::now();
         let pass = analysis_pass(store, options).await?;
+        writer.background_wrote(pass.writing);
         done += pass.analysed;
         if !pass.more {
             break;
         }
-        if backlogged() {
+        if writer.saturated() {
             let rest = (started.elapsed() * REST_PER_PASS).min(MAX_REST);
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -244,6 +278,43 @@ fn outline_summary(outline: TraceOutline, options: &AnalyzeOptions) -> TraceSumm
     }
 }
 
+/// Traces whose summaries are written per transaction, at most. The write takes the one
+/// writer that ingest commits through: a pass's thousand traces in one transaction held
+/// exports behind it for hundreds of milliseconds, and in chunks ingest gets its turn
+/// between them, while larger chunks keep the analyzer's rollup merges few enough to keep
+/// pace (`budgetscope-bench sustained --rate 40000`, export p99 and lag).
+const WRITE_CHUNK: usize = 250;
+
+/// Writes a pass's summaries and clears its marks, `WRITE_CHUNK` traces per transaction:
+/// each trace's summary, hop samples and marks in the same one. Returns the rollup deltas
+/// and how long the writes took.
+async fn write_in_chunks(
+    store: &dyn Store,
+    mut summaries: Vec<(TraceSummary, Vec<HopSample>)>,
+    mut marks: Vec<(TraceId, i64)>,
+) -> Result<(Vec<(RollupKey, Rollup)>, Duration), StoreError> {
+    summaries.sort_unstable_by_key(|(summary, _)| summary.trace_id);
+    marks.sort_unstable();
+    let mut ids: Vec<TraceId> = marks.iter().map(|(id, _)| *id).collect();
+    ids.extend(summaries.iter().map(|(summary, _)| summary.trace_id));
+    ids.sort_unstable();
+    ids.dedup();
+    let (mut summaries, mut marks) = (summaries.as_slice(), marks.as_slice());
+    let (mut deltas, mut writing) = (Vec::new(), Duration::ZERO);
+    for chunk in ids.chunks(WRITE_CHUNK) {
+        let last = chunk[chunk.len() - 1];
+        let (these, rest) =
+            summaries.split_at(summaries.partition_point(|(s, _)| s.trace_id <= last));
+        let (their_marks, other_marks) =
+            marks.split_at(marks.partition_point(|(id, _)| *id <= last));
+        let started = Instant::now();
+        deltas.extend(store.write_summaries(these, their_marks).await?);
+        writing += started.elapsed();
+        (summaries, marks) = (rest, other_marks);
+    }
+    Ok((deltas, writing))
+}
+
 /// What one pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -251,9 +322,11 @@ pub struct Pass {
     pub analysed: usize,
     /// Whether more traces may be quiet now.
     pub more: bool,
+    /// How long its writes took (holding the database's writer).
+    pub writing: Duration,
 }
 
-/// One pass: summarises up to `PASS_SIZE` quiet traces in one transaction, as many as fit
+/// One pass: summarises up to `PASS_SIZE` quiet traces, as many as fit
 /// in the memory the budget gives the pass (at least one).
 pub async fn analysis_pass(
     store: &dyn Store,
@@ -274,6 +347,7 @@ pub async fn analysis_pass(
         return Ok(Pass {
             analysed: 0,
             more: false,
+            writing: Duration::ZERO,
         });
     }
     let full_page = marks.len() >= PASS_SIZE as usize;
@@ -318,7 +392,8 @@ pub async fn analysis_pass(
     let too_large = summaries.len() as u64;
     summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
-    let deltas = store.write_summaries(&summaries, &marks).await?;
+    let written = summaries.len() as u64;
+    let (deltas, writing) = write_in_chunks(store, summaries, marks).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),
@@ -332,10 +407,7 @@ pub async fn analysis_pass(
     );
     drop(memory);
     options.metrics.record_rollups(&deltas);
-    options
-        .metrics
-        .traces_analysed
-        .inc_by(summaries.len() as u64);
+    options.metrics.traces_analysed.inc_by(written);
     options
         .metrics
         .traces_analysed_from_memory
@@ -344,5 +416,6 @@ pub async fn analysis_pass(
     Ok(Pass {
         analysed: ids.len(),
         more: full_page || read.stopped_after.is_some(),
+        writing,
     })
 }

@@ -15,6 +15,8 @@
 //! (`budgetscope-bench ingest` shows the writer's thread time: ran, waited, idle).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
@@ -24,6 +26,14 @@ use crate::store::{EncodedBatch, Fault, Store, StoreError};
 
 /// Ingest is backlogged while more than 1/4 of `max_queued_spans` wait for their commit.
 const BACKLOG_DIVISOR: usize = 4;
+
+/// The share of wall time ingest's own transactions took (time spent waiting behind
+/// background writes left out), past which ingest counts as saturated
+/// (`Ingestor::saturated`).
+const SATURATED_DUTY: f64 = 0.6;
+
+/// The writers' duty is measured over windows at least this long.
+const DUTY_WINDOW: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
@@ -71,6 +81,44 @@ pub struct Ingestor {
     admission: Arc<Semaphore>,
     max_queued_spans: usize,
     writers: Mutex<Vec<Writer>>,
+    duty: Arc<Duty>,
+}
+
+/// How busy the writers are: time ingest spent in transactions (waiting for the database's
+/// write lock included), time background writers held that lock, and the last window's
+/// verdict.
+struct Duty {
+    writers: usize,
+    busy_nanos: AtomicU64,
+    background_nanos: AtomicU64,
+    /// (window start, busy and background nanos then, whether that window was saturated).
+    window: std::sync::Mutex<(Instant, u64, u64, bool)>,
+}
+
+impl Duty {
+    /// Whether ingest's own transactions took at least `SATURATED_DUTY` of the last window;
+    /// a window ends at the first question asked `DUTY_WINDOW` after it began. Time ingest
+    /// waited behind a background write counts as both and is left out, so the analyzer's
+    /// own writes never make ingest look saturated.
+    fn saturated(&self) -> bool {
+        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let (began, busy_then, background_then, saturated) = *window;
+        let elapsed = began.elapsed();
+        if elapsed < DUTY_WINDOW {
+            return saturated;
+        }
+        let busy = self.busy_nanos.load(Ordering::Relaxed);
+        let background = self.background_nanos.load(Ordering::Relaxed);
+        let theirs = background.saturating_sub(background_then) as f64;
+        let ours = busy.saturating_sub(busy_then) as f64 - theirs;
+        let saturated = ours / (elapsed.as_nanos() as f64 * self.writers as f64) >= SATURATED_DUTY;
+        *window = (Instant::now(), busy, background, saturated);
+        saturated
+    }
+}
+
+fn nanos(took: Duration) -> u64 {
+    u64::try_from(took.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A running writer: a task on the caller's runtime, or an OS thread of its own.
@@ -124,12 +172,18 @@ impl Ingestor {
     pub fn start(store: Arc<dyn Store>, options: &IngestOptions) -> Arc<Ingestor> {
         let (jobs, queue) = async_channel::unbounded();
         let health = Arc::new(Health::default());
+        let duty = Arc::new(Duty {
+            writers: options.writers.max(1),
+            busy_nanos: Default::default(),
+            background_nanos: Default::default(),
+            window: std::sync::Mutex::new((Instant::now(), 0, 0, false)),
+        });
         let writers = (0..options.writers.max(1))
             .map(|_| {
                 let (store, queue, health) = (store.clone(), queue.clone(), health.clone());
-                let max_batch_spans = options.max_batch_spans;
+                let (max_batch_spans, duty) = (options.max_batch_spans, duty.clone());
                 Writer::start(options, move || {
-                    write_loop(store, queue, health, max_batch_spans)
+                    write_loop(store, queue, health, duty, max_batch_spans)
                 })
             })
             .collect();
@@ -140,6 +194,7 @@ impl Ingestor {
             admission: Arc::new(Semaphore::new(max_queued_spans)),
             max_queued_spans,
             writers: Mutex::new(writers),
+            duty,
         })
     }
 
@@ -194,6 +249,21 @@ impl Ingestor {
         self.queued_spans() > (self.max_queued_spans / BACKLOG_DIVISOR) as u64
     }
 
+    /// Whether the writers are saturated: backlogged, or busy with ingest's own commits for
+    /// at least `SATURATED_DUTY` of the last half second. Exporters' requests then queue
+    /// behind every other write, so background writers (the analyzer) keep to a small
+    /// share.
+    pub fn saturated(&self) -> bool {
+        self.backlogged() || self.duty.saturated()
+    }
+
+    /// A background writer (the analyzer) held the database's write lock this long.
+    pub fn background_wrote(&self, took: Duration) {
+        self.duty
+            .background_nanos
+            .fetch_add(nanos(took), Ordering::Relaxed);
+    }
+
     /// Stops accepting, commits everything already queued, and waits for the writers.
     pub async fn shutdown(&self) {
         self.jobs.close();
@@ -208,6 +278,7 @@ async fn write_loop(
     store: Arc<dyn Store>,
     queue: async_channel::Receiver<Job>,
     health: Arc<Health>,
+    duty: Arc<Duty>,
     max_batch_spans: usize,
 ) {
     // `recv` keeps returning queued jobs after `close`, and fails once the queue is empty.
@@ -223,7 +294,10 @@ async fn write_loop(
                 Err(_) => break,
             }
         }
+        let started = Instant::now();
         write_jobs(store.as_ref(), &health, jobs).await;
+        duty.busy_nanos
+            .fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
     }
 }
 
@@ -303,4 +377,37 @@ pub(crate) fn refusal(error: &StoreError, health: &Health) -> IngestError {
 
 fn log_failure(error: &StoreError, spans: usize) {
     tracing::warn!(%error, spans, "store write failed; exporters will be asked to retry");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A duty whose window began a second ago, with `busy` and `background` milliseconds
+    /// spent in it.
+    fn duty(busy: u64, background: u64) -> Duty {
+        let began = Instant::now()
+            .checked_sub(Duration::from_secs(1))
+            .expect("a second of uptime");
+        Duty {
+            writers: 1,
+            busy_nanos: AtomicU64::new(busy * 1_000_000),
+            background_nanos: AtomicU64::new(background * 1_000_000),
+            window: std::sync::Mutex::new((began, 0, 0, false)),
+        }
+    }
+
+    #[test]
+    fn ingest_is_saturated_when_it_takes_what_background_writes_leave() {
+        // Busy nine tenths of the second: saturated, and so until the next window ends.
+        let busy = duty(900, 0);
+        assert!(busy.saturated());
+        assert!(busy.saturated());
+        // Four tenths: not.
+        assert!(!duty(400, 0).saturated());
+        // Busy 900 ms, of which 600 waiting behind the analyzer's writes: not saturated;
+        // 700 ms of its own beside 300 ms of the analyzer's: saturated.
+        assert!(!duty(900, 600).saturated());
+        assert!(duty(1_000, 300).saturated());
+    }
 }

@@ -11,10 +11,11 @@
 //! twice; it touches no span. Its position is in memory: after a restart it starts again
 //! from the newest stale summary, and what was done is no longer stale. It runs in the
 //! analyzer's task, after the traces that are quiet now and only while ingest is not
-//! backlogged, so new traces and acknowledgements come first.
+//! saturated, so new traces and acknowledgements come first.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -103,6 +104,7 @@ pub async fn reanalysis_pass(
     let nothing = Pass {
         analysed: 0,
         more: false,
+        writing: Duration::ZERO,
     };
     if reanalysis.finished() {
         return Ok(nothing);
@@ -160,7 +162,9 @@ pub async fn reanalysis_pass(
         .copied();
     let mut summaries = outline_summaries(store, &within.too_large, &options.analyze).await?;
     summaries.extend(analyse_traces(HashMap::new(), within.spans, &options.analyze).await?);
+    let writing = Instant::now();
     let deltas = store.rewrite_summaries(&summaries, version).await?;
+    let writing = writing.elapsed();
     drop(memory);
     options.metrics.record_rollups(&deltas);
     let mut state = reanalysis.lock();
@@ -173,5 +177,6 @@ pub async fn reanalysis_pass(
     Ok(Pass {
         analysed: summaries.len(),
         more: true,
+        writing,
     })
 }

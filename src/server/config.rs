@@ -702,7 +702,7 @@ pub fn parse_db_url(url: &str) -> Result<DbUrl, String> {
     }
 }
 
-/// `--max-disk`'s least: a WAL alone may take 64 MiB between two resets.
+/// `--max-disk`'s least: the WAL alone takes 64 MiB between two restarts.
 const MIN_MAX_DISK: u64 = 64 << 20;
 
 /// Parses `20MiB`, `512KiB`, `1GiB`, `1MB`, `1000`.

@@ -59,9 +59,6 @@ const RESET_LEFT_FRAMES: i64 = 256;
 /// (BENCHMARKS.md, "WAL").
 const WAL_BOUND_FRAMES: &str = "65536";
 
-/// `WAL_RESET_FRAMES` in bytes (4 KiB pages).
-const WAL_RESET_BYTES: &str = "67108864";
-
 pub struct SqliteBackend {
     /// The lock on `<file>.lock` that makes the file this server's (`own_file`); `None` in
     /// memory.
@@ -414,9 +411,6 @@ const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
 /// Settings of the connections that write to a database file, over `CONNECTION_PRAGMAS`.
 const WRITER_PRAGMAS: &[(&str, &str)] = &[
     ("wal_autocheckpoint", WAL_BOUND_FRAMES),
-    // A WAL that grew past `WAL_RESET_FRAMES` (a burst, retention's deletes) is cut back to
-    // that size when it starts over, so the file does not keep its largest size on disk.
-    ("journal_size_limit", WAL_RESET_BYTES),
     // The writer's B-tree descents touch pages all over the file: through a map they would
     // all count as the server's resident memory. It reads through its own bounded page
     // cache instead.
