@@ -1055,7 +1055,8 @@ async fn a_lease_has_one_holder_until_it_expires_or_is_given_up() {
 }
 
 /// A re-analysed trace's index terms are replaced, not added to; retention deletes the
-/// terms of the summaries it deletes and keeps the others'.
+/// terms of the summaries it deletes and keeps the others'. Terms are found from their
+/// summary (there is no index by trace).
 #[tokio::test]
 async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
     let summary = |id: u8, start: u64, services: &[&str]| {
@@ -1123,6 +1124,12 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
         store.delete_before(5_000, 100).await.unwrap();
         assert!(terms(1).await.is_empty(), "{}", db.backend);
         assert_eq!(terms(2).await, edge_only("9000"), "{}", db.backend);
+        // Retention by value and the disk cap take a trace's terms with it.
+        store
+            .delete_traces_before(10_000, TraceSet::Analysed, 500)
+            .await
+            .unwrap();
+        assert!(terms(2).await.is_empty(), "{}", db.backend);
     }
 }
 

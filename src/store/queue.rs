@@ -6,7 +6,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
 use super::edges::StoredEdge;
-use super::query::{Backlog, Cursor, DueQuery, StaleQuery};
+use super::query::{Backlog, Cursor, DueQuery, StaleQuery, StoredSummary};
 use super::rollup::StoredRollup;
 use super::spans::decode_positions;
 use super::summaries::{Replace, stale_count, stale_query, write_summaries};
@@ -31,6 +31,7 @@ where
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
@@ -79,6 +80,8 @@ where
     }
 }
 
+// The bounds name the crate's own row types; the methods are private.
+#[allow(private_bounds)]
 impl<B> SqlStore<B>
 where
     B: Backend,
@@ -92,6 +95,7 @@ where
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
 {

@@ -16,7 +16,7 @@ use super::query::{
     TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search, start_search,
 };
 use super::rollup::decode_hops;
-use super::summaries::{delete_summaries_before, push_list};
+use super::summaries::{delete_summaries_before, delete_terms, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
 use crate::core::analyze::Role;
 use crate::core::analyze::hops::HopSample;
@@ -336,8 +336,11 @@ where
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
 {
     fn backend(&self) -> &'static str {
         B::NAME
@@ -393,13 +396,21 @@ where
             .push_bind(limit);
         let ids: Vec<(Vec<u8>, i64)> = find.build_query_as().fetch_all(&mut *tx).await?;
         if !ids.is_empty() {
-            // The summary last: it is what names the trace analysed (and healthy).
-            for table in ["spans", "trace_terms", "trace_summaries"] {
-                let mut delete =
-                    QueryBuilder::<B::Db>::new(format!("DELETE FROM {table} WHERE trace_id IN "));
-                push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
-                delete.build().execute(&mut *tx).await?;
-            }
+            let traces = ids
+                .iter()
+                .map(|(id, _)| TraceId::from_bytes(id))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
+            // The summary last: it is what names the trace analysed (and healthy), and what
+            // its search terms are found from.
+            let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id IN ");
+            push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
+            delete.build().execute(&mut *tx).await?;
+            delete_terms::<B::Db>(&mut tx, &traces).await?;
+            let mut delete =
+                QueryBuilder::<B::Db>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
+            push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
+            delete.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         writer.done();

@@ -10,7 +10,9 @@ use super::StoreError;
 use super::backend::Backend;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
-use super::query::{SummaryRow, encode_summary, summary_upsert, terms};
+use super::query::{
+    SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, summary_upsert, terms,
+};
 use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
 use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::{HopSample, Rollup};
@@ -46,6 +48,7 @@ where
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     for<'r> StoredRollup: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -114,9 +117,7 @@ where
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
         }
-        let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM trace_terms WHERE trace_id IN ");
-        push_list(&mut delete, ids());
-        delete.build().execute(&mut *conn).await?;
+        delete_terms::<B::Db>(conn, chunk).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
@@ -351,19 +352,28 @@ where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     DB::Arguments: IntoArguments<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
+    for<'r> StoredSummary: FromRow<'r, DB::Row>,
 {
     let mut operations =
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
-    for table in ["trace_terms", "trace_summaries"] {
-        let mut delete = QueryBuilder::<DB>::new(format!(
-            "DELETE FROM {table} WHERE trace_id IN \
-             (SELECT trace_id FROM trace_summaries WHERE start_unix_nano < "
-        ));
-        delete.push_bind(cutoff);
-        delete.push(" ORDER BY start_unix_nano LIMIT ");
-        delete.push_bind(i64::from(limit)).push(")");
+    let mut old =
+        QueryBuilder::<DB>::new("SELECT trace_id FROM trace_summaries WHERE start_unix_nano < ");
+    old.push_bind(cutoff);
+    old.push(" ORDER BY start_unix_nano LIMIT ");
+    old.push_bind(i64::from(limit));
+    let rows: Vec<(Vec<u8>,)> = old.build_query_as().fetch_all(&mut *conn).await?;
+    let mut ids = HashSet::new();
+    collect_ids(rows, &mut ids)?;
+    let ids: Vec<TraceId> = ids.into_iter().collect();
+    for chunk in ids.chunks(CHUNK) {
+        delete_terms::<DB>(conn, chunk).await?;
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
+        push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
         delete.build().execute(&mut *conn).await?;
     }
     for table in [
@@ -376,6 +386,60 @@ where
         let mut delete =
             QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
         delete.push_bind(cutoff);
+        delete.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the search terms of the traces `ids` (at most `CHUNK`) that have a summary. The
+/// terms are found from each stored summary (`terms`) and deleted by their key, so the
+/// table needs no index by trace. A summary that does not decode keeps its terms, which
+/// then match no summary and are never listed.
+pub(crate) async fn delete_terms<DB: Database>(
+    conn: &mut DB::Connection,
+    ids: &[TraceId],
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> StoredSummary: FromRow<'r, DB::Row>,
+{
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut q = QueryBuilder::<DB>::new(format!(
+        "SELECT {SUMMARY_COLUMNS} FROM trace_summaries WHERE trace_id IN "
+    ));
+    push_list(&mut q, ids.iter().map(|id| id.0.to_vec()));
+    let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&mut *conn).await?;
+    let keys: Vec<(String, i64, Vec<u8>)> = rows
+        .into_iter()
+        .filter_map(|row| row.decode().ok())
+        .flat_map(|summary| {
+            let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
+            let id = summary.trace_id.0.to_vec();
+            terms(&summary)
+                .into_iter()
+                .map(move |term| (term, start, id.clone()))
+        })
+        .collect();
+    for chunk in keys.chunks(2 * CHUNK) {
+        // The list of terms lets the database find the rows by its key's first column; on
+        // the triples alone SQLite scans the whole table.
+        let distinct: std::collections::BTreeSet<&String> =
+            chunk.iter().map(|(t, _, _)| t).collect();
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term IN ");
+        push_list(&mut delete, distinct.into_iter().cloned());
+        delete.push(" AND (term, start_unix_nano, trace_id) IN (");
+        delete.push_values(chunk, |mut b, (term, start, id)| {
+            b.push_bind(term.clone())
+                .push_bind(*start)
+                .push_bind(id.clone());
+        });
+        delete.push(")");
         delete.build().execute(&mut *conn).await?;
     }
     Ok(())
