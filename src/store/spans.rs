@@ -16,7 +16,7 @@ use super::query::{
     TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search, start_search,
 };
 use super::rollup::decode_hops;
-use super::summaries::{delete_summaries_before, delete_terms, push_list};
+use super::summaries::{delete_summaries, delete_summaries_before, oldest_summaries, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
 use crate::core::analyze::Role;
 use crate::core::analyze::hops::HopSample;
@@ -339,7 +339,6 @@ where
     String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
 {
     fn backend(&self) -> &'static str {
@@ -387,30 +386,14 @@ where
         };
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let mut find = QueryBuilder::<B::Db>::new(format!(
-            "SELECT trace_id, start_unix_nano FROM trace_summaries WHERE {which} AND \
-             start_unix_nano < "
-        ));
-        find.push_bind(cutoff)
-            .push(" ORDER BY start_unix_nano LIMIT ")
-            .push_bind(limit);
-        let ids: Vec<(Vec<u8>, i64)> = find.build_query_as().fetch_all(&mut *tx).await?;
+        let ids = oldest_summaries::<B::Db>(&mut tx, which, cutoff, limit).await?;
         if !ids.is_empty() {
-            let traces = ids
-                .iter()
-                .map(|(id, _)| TraceId::from_bytes(id))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
             // The summary last: it is what names the trace analysed (and healthy), and what
             // its search terms are found from.
             let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id IN ");
-            push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
+            push_list(&mut delete, ids.iter().map(|id| id.0.to_vec()));
             delete.build().execute(&mut *tx).await?;
-            delete_terms::<B::Db>(&mut tx, &traces).await?;
-            let mut delete =
-                QueryBuilder::<B::Db>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
-            push_list(&mut delete, ids.iter().map(|(id, _)| id.clone()));
-            delete.build().execute(&mut *tx).await?;
+            delete_summaries::<B::Db>(&mut tx, &ids).await?;
         }
         tx.commit().await?;
         writer.done();

@@ -361,21 +361,8 @@ where
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
-    let mut old =
-        QueryBuilder::<DB>::new("SELECT trace_id FROM trace_summaries WHERE start_unix_nano < ");
-    old.push_bind(cutoff);
-    old.push(" ORDER BY start_unix_nano LIMIT ");
-    old.push_bind(i64::from(limit));
-    let rows: Vec<(Vec<u8>,)> = old.build_query_as().fetch_all(&mut *conn).await?;
-    let mut ids = HashSet::new();
-    collect_ids(rows, &mut ids)?;
-    let ids: Vec<TraceId> = ids.into_iter().collect();
-    for chunk in ids.chunks(CHUNK) {
-        delete_terms::<DB>(conn, chunk).await?;
-        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
-        push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
-        delete.build().execute(&mut *conn).await?;
-    }
+    let ids = oldest_summaries::<DB>(conn, "TRUE", cutoff, i64::from(limit)).await?;
+    delete_summaries::<DB>(conn, &ids).await?;
     for table in [
         "hop_rollups",
         "hop_rollups_hourly",
@@ -386,6 +373,56 @@ where
         let mut delete =
             QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE minute_unix_nano < "));
         delete.push_bind(cutoff);
+        delete.build().execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// The traces of the oldest `limit` summaries that started before `cutoff` and meet
+/// `condition` (SQL on the summaries' columns), oldest first.
+pub(crate) async fn oldest_summaries<DB: Database>(
+    conn: &mut DB::Connection,
+    condition: &str,
+    cutoff: i64,
+    limit: i64,
+) -> Result<Vec<TraceId>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
+{
+    let mut find = QueryBuilder::<DB>::new(format!(
+        "SELECT trace_id FROM trace_summaries WHERE {condition} AND start_unix_nano < "
+    ));
+    find.push_bind(cutoff)
+        .push(" ORDER BY start_unix_nano LIMIT ")
+        .push_bind(limit);
+    let rows: Vec<(Vec<u8>,)> = find.build_query_as().fetch_all(&mut *conn).await?;
+    rows.iter()
+        .map(|(id,)| TraceId::from_bytes(id))
+        .collect::<Result<_, _>>()
+        .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))
+}
+
+/// Deletes the summaries of the traces `ids` with their search terms (found from each
+/// summary, so first).
+pub(crate) async fn delete_summaries<DB: Database>(
+    conn: &mut DB::Connection,
+    ids: &[TraceId],
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> StoredSummary: FromRow<'r, DB::Row>,
+{
+    for chunk in ids.chunks(CHUNK) {
+        delete_terms::<DB>(conn, chunk).await?;
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
+        push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
         delete.build().execute(&mut *conn).await?;
     }
     Ok(())
