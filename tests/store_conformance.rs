@@ -1565,3 +1565,144 @@ async fn disk_use_is_measured() {
     })
     .await;
 }
+
+/// Everything the readers say of `ids`, to compare a trace as rows with it as a block.
+async fn every_read(store: &dyn Store, ids: &[TraceId]) -> String {
+    use budgetscope::store::query::{SpanListQuery, SpanPosition};
+    let mut out = String::new();
+    let names = |spans: &[Span]| {
+        spans
+            .iter()
+            .map(|s| format!("{}:{}:{}", s.trace_id.0[0], s.span_id.0[0], s.name))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    for id in ids {
+        let spans = store.trace(*id).await.unwrap();
+        out += &format!("trace {:?}\n", spans);
+        out += &format!("outline {:?}\n", store.trace_outline(*id).await.unwrap());
+        out += &format!("size {:?}\n", store.trace_size(&[*id]).await.unwrap());
+        let first = store.trace_page(*id, None, 5).await.unwrap();
+        out += &format!("page {}\n", names(&first));
+        if let Some(last) = first.last() {
+            let next = store.trace_page(*id, Some(last.span_id), 5).await.unwrap();
+            out += &format!("next page {}\n", names(&next));
+        }
+        let from = spans.get(spans.len() / 2).map(|s| SpanPosition {
+            start_unix_nano: s.start_unix_nano,
+            span_id: s.span_id,
+        });
+        for find in [None, Some("ITEM"), Some("status"), Some("0303030303030303")] {
+            for (from, backwards) in [(None, false), (from, false), (from, true)] {
+                let query = SpanListQuery {
+                    find,
+                    from,
+                    backwards,
+                    limit: 4,
+                };
+                let list = store.trace_span_list(*id, &query).await.unwrap();
+                out += &format!("list {find:?} {backwards} {}\n", names(&list));
+            }
+            let counts = store.trace_span_counts(*id, find, from).await.unwrap();
+            out += &format!("counts {find:?} {counts:?}\n");
+        }
+    }
+    let mut all = store.traces(ids).await.unwrap();
+    all.sort_by_key(|s| (s.trace_id, s.span_id));
+    out += &format!("traces {}\n", names(&all));
+    let within = store.traces_within(ids, u64::MAX, u64::MAX).await.unwrap();
+    out += &format!("within {} {}\n", names(&within.spans), within.bytes);
+    let mut counts: Vec<_> = store.span_counts(ids).await.unwrap().into_iter().collect();
+    counts.sort();
+    out += &format!(
+        "counts {counts:?} of {}\n",
+        store.span_count().await.unwrap()
+    );
+    out
+}
+
+#[tokio::test]
+async fn a_compacted_trace_reads_as_it_did_as_rows() {
+    on_every_store(|store, backend| async move {
+        // Trace 2: a root, a client call and 40 server spans of two services; 1 and 3 small.
+        let mut spans = vec![
+            span(1, 1, None, "svc", "op", 1_000),
+            span(3, 1, None, "svc", "op", 2_000),
+        ];
+        spans.push(span(2, 1, None, "gateway", "GET /batch", 5_000));
+        let mut call = span(2, 2, Some(1), "gateway", "call worker", 6_000);
+        call.kind = SpanKind::Client;
+        call.budget = Some(Budget {
+            ms: 250.0,
+            source: "grpc-timeout".into(),
+        });
+        spans.push(call);
+        for id in 3..43u8 {
+            let service = if id % 2 == 0 { "worker" } else { "store" };
+            let mut item = span(2, id, Some(2), service, "POST /item", 7_000 + u64::from(id));
+            item.attributes = vec![("http.status".into(), AttrValue::Int(200 + i64::from(id)))];
+            if id == 9 {
+                item.status = Status {
+                    code: StatusCode::Error,
+                    message: "boom".into(),
+                };
+            }
+            spans.push(item);
+        }
+        store.write_spans(&spans).await.unwrap();
+        let ids = [TraceId([1; 16]), TraceId([2; 16]), TraceId([3; 16])];
+        let as_rows = every_read(store.as_ref(), &ids).await;
+
+        let done = store.compact(&ids[..2], u64::MAX).await.unwrap();
+        assert_eq!((done.traces, done.spans), (2, 43), "{backend}");
+        assert!(
+            done.block_bytes * 3 < done.row_bytes,
+            "{backend}: {done:?} compresses"
+        );
+        assert_eq!(every_read(store.as_ref(), &ids).await, as_rows, "{backend}");
+        let again = store.compact(&ids, u64::MAX).await.unwrap();
+        assert_eq!(again.traces, 1, "{backend}: only trace 3 had rows left");
+        assert_eq!(every_read(store.as_ref(), &ids).await, as_rows, "{backend}");
+
+        // A late span is read beside the block; a span sent again keeps its first copy.
+        let late = span(2, 60, Some(1), "gateway", "late", 90_000);
+        let mut copy = spans[5].clone();
+        copy.name = "a second copy".into();
+        store.write_spans(&[late.clone(), copy]).await.unwrap();
+        let trace = store.trace(ids[1]).await.unwrap();
+        assert_eq!(trace.len(), 43, "{backend}");
+        assert!(
+            trace.contains(&late) && trace.contains(&spans[5]),
+            "{backend}"
+        );
+        // Compacting again takes both rows in; the block keeps the first copy.
+        let merged = store.compact(&ids[1..2], u64::MAX).await.unwrap();
+        assert_eq!((merged.traces, merged.spans), (1, 2), "{backend}");
+        assert_eq!(store.trace(ids[1]).await.unwrap(), trace, "{backend}");
+        assert_eq!(
+            store.span_counts(&ids[1..2]).await.unwrap()[&ids[1]],
+            43,
+            "{backend}"
+        );
+
+        // A trace past the byte limit stays rows.
+        store
+            .write_spans(&[span(4, 1, None, "svc", "big", 3_000)])
+            .await
+            .unwrap();
+        let kept = store.compact(&[TraceId([4; 16])], 10).await.unwrap();
+        assert_eq!(kept.traces, 0, "{backend}");
+        assert_eq!(
+            store.trace(TraceId([4; 16])).await.unwrap().len(),
+            1,
+            "{backend}"
+        );
+
+        // Retention deletes blocks as it deletes rows.
+        assert_eq!(store.span_count().await.unwrap(), 46, "{backend}");
+        while store.delete_before(u64::MAX / 2, 10).await.unwrap() > 0 {}
+        assert_eq!(store.span_count().await.unwrap(), 0, "{backend}");
+        assert!(store.trace(ids[1]).await.unwrap().is_empty(), "{backend}");
+    })
+    .await;
+}

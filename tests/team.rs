@@ -247,7 +247,11 @@ rules:
     )
     .await;
     assert_eq!(
-        count("SELECT count(*)::text FROM spans")().await,
+        count(
+            "SELECT ((SELECT count(*) FROM spans) \
+             + (SELECT coalesce(sum(span_count), 0) FROM trace_blocks))::text"
+        )()
+        .await,
         spans_sent
     );
     let span_counts = db

@@ -39,7 +39,7 @@ use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE, Reservation
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
 use crate::store::query::{DueQuery, TraceOutline, TracesWithin};
-use crate::store::{Store, StoreError};
+use crate::store::{Compacted, Store, StoreError};
 
 /// Traces analysed per pass, at most: fewer when their spans do not fit in the pass's
 /// share of the memory budget. Against 200, finding the
@@ -393,7 +393,23 @@ pub async fn analysis_pass(
     summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
     let written = summaries.len() as u64;
-    let (deltas, writing) = write_in_chunks(store, summaries, marks).await?;
+    // Traces analysed whole are kept as blocks from now on; too large ones stay rows.
+    let compactable: Vec<TraceId> = summaries[too_large as usize..]
+        .iter()
+        .map(|(summary, _)| summary.trace_id)
+        .collect();
+    let (deltas, mut writing) = write_in_chunks(store, summaries, marks).await?;
+    let wrote = started.elapsed();
+    let mut compacted = Compacted::default();
+    for chunk in compactable.chunks(WRITE_CHUNK) {
+        let started = Instant::now();
+        let done = store.compact(chunk, max_trace_bytes).await?;
+        writing += started.elapsed();
+        compacted.traces += done.traces;
+        compacted.spans += done.spans;
+        compacted.row_bytes += done.row_bytes;
+        compacted.block_bytes += done.block_bytes;
+    }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),
@@ -402,7 +418,8 @@ pub async fn analysis_pass(
         count_ms = ms(counted - selected),
         read_ms = ms(read_at - counted),
         analyse_ms = ms(analysed - read_at),
-        write_ms = ms(started.elapsed() - analysed),
+        write_ms = ms(wrote - analysed),
+        compact_ms = ms(started.elapsed() - wrote),
         "analysis pass"
     );
     drop(memory);
@@ -413,6 +430,7 @@ pub async fn analysis_pass(
         .traces_analysed_from_memory
         .inc_by(from_memory);
     options.metrics.traces_too_large.inc_by(too_large);
+    options.metrics.record_compacted(&compacted);
     Ok(Pass {
         analysed: ids.len(),
         more: full_page || read.stopped_after.is_some(),

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::core::alerts::eval::Instance;
 use crate::core::analyze::hops::RollupKey;
 use crate::core::analyze::hops::{COUNTED, Rollup};
+use crate::store::Compacted;
 
 /// The most hop identities with series of their own; further hops are counted in
 /// `budgetscope_metrics_hops_over_limit_total` instead, so a service that puts ids in its
@@ -127,6 +128,10 @@ pub struct Metrics {
     pub traces_analysed_from_memory: Counter,
     /// Of `traces_analysed`, those too large to analyse (`Outcome::TooLarge`).
     pub traces_too_large: Counter,
+    /// Span rows moved into compressed blocks, the text they held and the blocks' bytes.
+    spans_compacted: Counter,
+    compacted_row_bytes: Counter,
+    compacted_block_bytes: Counter,
     pub alert_evaluations: Counter,
     traces_deleted: Family<Deleted, Counter>,
     /// Seconds from a request's spans entering the ingest queue to their commit.
@@ -154,6 +159,9 @@ impl Default for Metrics {
             traces_analysed: Counter::default(),
             traces_analysed_from_memory: Counter::default(),
             traces_too_large: Counter::default(),
+            spans_compacted: Counter::default(),
+            compacted_row_bytes: Counter::default(),
+            compacted_block_bytes: Counter::default(),
             alert_evaluations: Counter::default(),
             traces_deleted: Family::default(),
             commit_seconds: Histogram::new(
@@ -169,6 +177,13 @@ fn up(n: i64) -> u64 {
 }
 
 impl Metrics {
+    /// Adds what one analyzer pass moved into blocks.
+    pub fn record_compacted(&self, compacted: &Compacted) {
+        self.spans_compacted.inc_by(compacted.spans);
+        self.compacted_row_bytes.inc_by(compacted.row_bytes);
+        self.compacted_block_bytes.inc_by(compacted.block_bytes);
+    }
+
     /// Adds the rollup changes one analyzer pass wrote.
     pub fn record_rollups(&self, deltas: &[(RollupKey, Rollup)]) {
         for ((service, operation, _), delta) in deltas {
@@ -349,6 +364,21 @@ impl Metrics {
             "traces_too_large",
             "Traces summarised without analysis: larger than one pass of the analyzer may hold under --memory-limit",
             self.traces_too_large.clone(),
+        );
+        registry.register(
+            "spans_compacted",
+            "Spans of analysed traces moved from rows into their trace's compressed block",
+            self.spans_compacted.clone(),
+        );
+        registry.register(
+            "compacted_row_bytes",
+            "Text of the span rows moved into blocks (compare with compacted_block_bytes for the compression)",
+            self.compacted_row_bytes.clone(),
+        );
+        registry.register(
+            "compacted_block_bytes",
+            "Bytes of the compressed span blocks written (a rewritten block counts again)",
+            self.compacted_block_bytes.clone(),
         );
         registry.register(
             "alert_evaluations",

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::query::{AttrFilter, Backlog, Cursor, DiskUsage, DueQuery};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::EncodedBatch;
 use crate::core::model::TraceId;
 
@@ -90,9 +90,6 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Search: the condition "after `cursor`" on the alias `order`, newest first.
     fn push_after(q: &mut QueryBuilder<Self::Db>, order: &str, cursor: Cursor);
-
-    /// Search: traces with a span whose attribute meets `filter`, on the summaries' alias `ts`.
-    fn push_attr_filter(q: &mut QueryBuilder<Self::Db>, filter: &AttrFilter);
 }
 
 /// The store over backend `B`: what `store::open` returns, behind `dyn Store`.

@@ -16,6 +16,10 @@
 //!   (service, name, kind, times as signed 64-bit unix nanoseconds, status, budget) and
 //!   three JSON text columns (`attributes`, `resource`, `details`; `core::attr_json`).
 //!   `operations` (service, name, kind, last seen) lists services without scanning spans.
+//! - `trace_blocks`: once analysed, a trace's rows move into one zstd-compressed block
+//!   (`blocks.rs`); every read of a trace's spans takes its block and its rows together,
+//!   the first copy of a span id winning, and the per-trace reads (outline, span list,
+//!   counts) and attribute filters are worked out in Rust over both.
 //! - `trace_summaries`: one row per analysed trace, with its hop samples (`hops`, JSON);
 //!   `trace_terms`: an inverted index (term, start, trace) over services, operations,
 //!   flags and outcome. A search drives from its most selective term newest first and
@@ -34,6 +38,7 @@
 
 mod alerts;
 mod backend;
+mod blocks;
 mod edges;
 mod error;
 mod leases;
@@ -61,6 +66,7 @@ use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::{Span, SpanId, SpanKind, TraceId};
 pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
+pub use blocks::Compacted;
 pub use error::{Fault, StoreError};
 use query::{
     Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
@@ -333,6 +339,15 @@ pub trait Store:
         set: TraceSet,
         limit: u32,
     ) -> Result<u64, StoreError>;
+
+    /// Moves the span rows of analysed `traces` into each trace's compressed block
+    /// (`blocks.rs`), a trace whose text would pass `max_trace_bytes` left as rows. Rows
+    /// stored meanwhile stay rows; every read sees the same spans before and after.
+    async fn compact(
+        &self,
+        traces: &[TraceId],
+        max_trace_bytes: u64,
+    ) -> Result<Compacted, StoreError>;
 
     /// What the store takes on disk.
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError>;

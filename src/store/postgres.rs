@@ -13,7 +13,7 @@ use sqlx::QueryBuilder;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DiskUsage, DueQuery};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
@@ -465,31 +465,6 @@ impl Backend for PostgresBackend {
         .push(", ")
         .push_bind(cursor.trace_id.0.to_vec())
         .push(")");
-    }
-
-    fn push_attr_filter(q: &mut QueryBuilder<Postgres>, filter: &AttrFilter) {
-        q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND ");
-        match &filter.value {
-            AttrOperand::Number(n) => {
-                q.push("CASE WHEN jsonb_typeof(sp.attributes::jsonb -> ")
-                    .push_bind(filter.key.clone())
-                    .push(") = 'number' THEN (sp.attributes::jsonb ->> ")
-                    .push_bind(filter.key.clone())
-                    .push(")::float8 END ")
-                    .push(filter.op.sql())
-                    .push(" ")
-                    .push_bind(*n);
-            }
-            AttrOperand::Text(t) => {
-                q.push("(sp.attributes::jsonb ->> ")
-                    .push_bind(filter.key.clone())
-                    .push(") ")
-                    .push(filter.op.sql())
-                    .push(" ")
-                    .push_bind(t.clone());
-            }
-        }
-        q.push(")");
     }
 }
 

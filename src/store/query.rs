@@ -40,6 +40,33 @@ impl AttrFilter {
     }
 }
 
+impl AttrFilter {
+    /// Whether a span's attributes (`core::attr_json`'s object text) meet the filter: a
+    /// number compares with a numeric attribute only; text compares with the attribute's
+    /// text (a string as it is, anything else as its JSON).
+    pub fn matches(&self, attributes: &str) -> bool {
+        // Most spans do not hold the key at all: no need to parse them.
+        if !attributes.contains(self.key.as_str()) {
+            return false;
+        }
+        let Ok(serde_json::Value::Object(map)) = serde_json::from_str(attributes) else {
+            return false;
+        };
+        let Some(value) = map.get(&self.key) else {
+            return false;
+        };
+        let order = match (&self.value, value) {
+            (AttrOperand::Number(n), serde_json::Value::Number(v)) => {
+                v.as_f64().and_then(|v| v.partial_cmp(n))
+            }
+            (AttrOperand::Number(_), _) => None,
+            (AttrOperand::Text(t), serde_json::Value::String(v)) => Some(v.as_str().cmp(t)),
+            (AttrOperand::Text(t), other) => Some(other.to_string().as_str().cmp(t)),
+        };
+        order.is_some_and(|order| self.op.holds(order))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttrOp {
     Eq,
@@ -51,14 +78,16 @@ pub enum AttrOp {
 }
 
 impl AttrOp {
-    pub fn sql(self) -> &'static str {
+    /// Whether the attribute, ordered against the operand as `order`, meets the operator.
+    pub fn holds(self, order: std::cmp::Ordering) -> bool {
+        use std::cmp::Ordering::*;
         match self {
-            AttrOp::Eq => "=",
-            AttrOp::Ne => "<>",
-            AttrOp::Lt => "<",
-            AttrOp::Le => "<=",
-            AttrOp::Gt => ">",
-            AttrOp::Ge => ">=",
+            AttrOp::Eq => order == Equal,
+            AttrOp::Ne => order != Equal,
+            AttrOp::Lt => order == Less,
+            AttrOp::Le => order != Greater,
+            AttrOp::Gt => order == Greater,
+            AttrOp::Ge => order != Less,
         }
     }
 }

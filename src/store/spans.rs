@@ -2,7 +2,7 @@
 //! (`SpanWriter`, `TraceReader`, and `Store` itself: ping and retention), each statement
 //! written once over the sqlx backend.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,9 +11,11 @@ use serde_json::Value;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
+use super::blocks::{Compacted, StoredBlock, compact, merge, read_blocks};
 use super::query::{
-    Cursor, DiskUsage, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,
-    TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search, start_search,
+    AttrFilter, Cursor, DiskUsage, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition,
+    StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search,
+    start_search,
 };
 use super::rollup::decode_hops;
 use super::summaries::{delete_summaries, delete_summaries_before, oldest_summaries, push_list};
@@ -59,18 +61,19 @@ where
     for<'r> (String, String): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
-        let mut q = spans_of::<B::Db>(&[trace_id], " ORDER BY start_unix_nano, span_id");
-        decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)
+        let mut spans = decode_rows(rows_of(&self.backend, &[trace_id]).await?)?;
+        spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
+        Ok(spans)
     }
 
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
         let mut spans = Vec::new();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
-            let mut q = spans_of::<B::Db>(chunk, "");
-            let rows: Vec<StoredRow> = q.build_query_as().fetch_all(self.backend.reader()).await?;
-            spans.extend(decode_rows(rows)?);
+            spans.extend(decode_rows(rows_of(&self.backend, chunk).await?)?);
         }
         Ok(spans)
     }
@@ -83,13 +86,40 @@ where
     ) -> Result<TracesWithin, StoreError> {
         let mut ids = trace_ids.to_vec();
         ids.sort_unstable();
+        ids.dedup();
         let mut within = Within::new(max_bytes, max_trace_bytes);
         'chunks: for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            // Each trace's block rows go first, then its rows the block does not hold, in
+            // trace-id order, as `Within` takes them.
+            let blocks = read_blocks(&self.backend, chunk).await?;
+            let mut pending: Vec<&StoredBlock> = blocks.values().collect();
+            pending.sort_unstable_by(|a, b| b.trace_id.cmp(&a.trace_id));
+            let mut in_block: (Vec<u8>, HashSet<Vec<u8>>) = Default::default();
             let mut q = spans_of::<B::Db>(chunk, " ORDER BY trace_id");
             let mut rows = q.build_query_as::<StoredRow>().fetch(self.backend.reader());
             while let Some(row) = rows.try_next().await? {
+                while pending.last().is_some_and(|b| b.trace_id <= row.trace_id) {
+                    let block = pending.pop().expect("checked");
+                    in_block = (block.trace_id.clone(), HashSet::new());
+                    for held in block.rows()? {
+                        in_block.1.insert(held.span_id.clone());
+                        if !within.push(held)? {
+                            break 'chunks;
+                        }
+                    }
+                }
+                if in_block.0 == row.trace_id && in_block.1.contains(&row.span_id) {
+                    continue;
+                }
                 if !within.push(row)? {
                     break 'chunks;
+                }
+            }
+            while let Some(block) = pending.pop() {
+                for held in block.rows()? {
+                    if !within.push(held)? {
+                        break 'chunks;
+                    }
                 }
             }
         }
@@ -97,60 +127,15 @@ where
     }
 
     async fn trace_outline(&self, trace_id: TraceId) -> Result<Option<TraceOutline>, StoreError> {
-        let id = || trace_id.0.to_vec();
-        let mut q = QueryBuilder::<B::Db>::new(
-            "SELECT count(*), min(start_unix_nano), max(end_unix_nano) FROM spans WHERE trace_id = ",
-        );
-        q.push_bind(id());
-        let (spans, start, end): (i64, Option<i64>, Option<i64>) =
-            q.build_query_as().fetch_one(self.backend.reader()).await?;
-        let (Some(start), Some(end)) = (start, end) else {
-            return Ok(None);
-        };
-        let mut q = QueryBuilder::<B::Db>::new(
-            "SELECT service, name, budget_ms FROM spans WHERE trace_id = ",
-        );
-        q.push_bind(id()).push(
-            " ORDER BY CASE WHEN parent_span_id IS NULL THEN 0 ELSE 1 END, start_unix_nano, \
-             span_id LIMIT 1",
-        );
-        let (root_service, root_name, root_budget_ms): (String, String, Option<f64>) =
-            q.build_query_as().fetch_one(self.backend.reader()).await?;
-        let mut q =
-            QueryBuilder::<B::Db>::new("SELECT DISTINCT service FROM spans WHERE trace_id = ");
-        q.push_bind(id())
-            .push(" ORDER BY service LIMIT ")
-            .push_bind(i64::from(OUTLINE_NAMES));
-        let services: Vec<(String,)> = q.build_query_as().fetch_all(self.backend.reader()).await?;
-        let mut q = QueryBuilder::<B::Db>::new(
-            "SELECT DISTINCT service, name FROM spans WHERE trace_id = ",
-        );
-        q.push_bind(id()).push(" AND kind IN ");
-        push_list(
-            &mut q,
-            Role::HOP_KINDS.iter().map(|k| i64::from(k.as_i32())),
-        );
-        q.push(" ORDER BY service, name LIMIT ")
-            .push_bind(i64::from(OUTLINE_NAMES));
-        let operations: Vec<(String, String)> =
-            q.build_query_as().fetch_all(self.backend.reader()).await?;
-        Ok(Some(TraceOutline {
-            trace_id,
-            span_count: spans.max(0) as u64,
-            start_unix_nano: start.max(0) as u64,
-            end_unix_nano: end.max(start).max(0) as u64,
-            root_service,
-            root_name,
-            root_budget_ms,
-            services: services.into_iter().map(|(s,)| s).collect(),
-            operations,
-        }))
+        let mut outline = OutlineScan::default();
+        scan_trace(&self.backend, trace_id, |row| outline.add(row)).await?;
+        Ok(outline.finish(trace_id))
     }
 
     async fn trace_size(&self, trace_ids: &[TraceId]) -> Result<TraceSize, StoreError> {
         let mut size = TraceSize::default();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
-            // `StoredRow::text_bytes`, summed by the database.
+            // `StoredRow::text_bytes`, summed by the database; blocks keep their rows' sum.
             let mut q = QueryBuilder::<B::Db>::new(
                 "SELECT count(*), coalesce(sum(octet_length(trace_id) + octet_length(span_id) \
                  + 8 + octet_length(service) + octet_length(name) \
@@ -161,8 +146,15 @@ where
             push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
             let (spans, bytes): (i64, i64) =
                 q.build_query_as().fetch_one(self.backend.reader()).await?;
-            size.spans += spans.max(0) as u64;
-            size.bytes += bytes.max(0) as u64;
+            let mut q = QueryBuilder::<B::Db>::new(
+                "SELECT CAST(coalesce(sum(span_count), 0) AS BIGINT), \
+                 CAST(coalesce(sum(text_bytes), 0) AS BIGINT) FROM trace_blocks WHERE trace_id IN ",
+            );
+            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+            let (block_spans, block_bytes): (i64, i64) =
+                q.build_query_as().fetch_one(self.backend.reader()).await?;
+            size.spans += (spans.max(0) + block_spans.max(0)) as u64;
+            size.bytes += (bytes.max(0) + block_bytes.max(0)) as u64;
         }
         Ok(size)
     }
@@ -179,7 +171,24 @@ where
         }
         q.push(" ORDER BY span_id LIMIT ")
             .push_bind(i64::from(limit));
-        decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)
+        let rows: Vec<StoredRow> = q.build_query_as().fetch_all(self.backend.reader()).await?;
+        // The first `limit` after `after` of the block's rows and of those rows together
+        // (the block's copy of a span id wins).
+        let mut page: std::collections::BTreeMap<Vec<u8>, StoredRow> =
+            rows.into_iter().map(|r| (r.span_id.clone(), r)).collect();
+        if let Some(block) = read_blocks(&self.backend, &[trace_id])
+            .await?
+            .into_values()
+            .next()
+        {
+            let after = after.map(|id| id.0.to_vec());
+            for row in block.rows()? {
+                if after.as_ref().is_none_or(|after| row.span_id > *after) {
+                    page.insert(row.span_id.clone(), row);
+                }
+            }
+        }
+        decode_rows(page.into_values().take(limit as usize).collect())
     }
 
     async fn trace_span_list(
@@ -187,30 +196,33 @@ where
         trace_id: TraceId,
         query: &SpanListQuery<'_>,
     ) -> Result<Vec<Span>, StoreError> {
-        let mut q = spans_of::<B::Db>(&[trace_id], "");
-        push_find::<B>(&mut q, query.find);
-        let order = match query.backwards {
-            false => {
-                if let Some(from) = query.from {
-                    q.push(" AND NOT");
-                    push_before(&mut q, from);
-                }
-                " ORDER BY start_unix_nano, span_id LIMIT "
+        let find = Find::new(query.find);
+        let limit = query.limit as usize;
+        let mut page = std::collections::BinaryHeap::new();
+        scan_trace(&self.backend, trace_id, |row| {
+            if !find.matches(&row) {
+                return Ok(());
             }
-            true => {
-                if let Some(from) = query.from {
-                    q.push(" AND");
-                    push_before(&mut q, from);
+            let at = position(&row);
+            // Forwards: the first `limit` from `from` on; backwards: the last `limit` before
+            // it. The heap's top is the one to give up first.
+            let wanted = match (query.backwards, query.from) {
+                (false, Some(from)) => at >= from,
+                (true, Some(from)) => at < from,
+                (_, None) => true,
+            };
+            if wanted {
+                page.push(Ranked::new(at, row, query.backwards));
+                if page.len() > limit {
+                    page.pop();
                 }
-                " ORDER BY start_unix_nano DESC, span_id DESC LIMIT "
             }
-        };
-        q.push(order).push_bind(i64::from(query.limit));
-        let mut spans = decode_rows(q.build_query_as().fetch_all(self.backend.reader()).await?)?;
-        if query.backwards {
-            spans.reverse();
-        }
-        Ok(spans)
+            Ok(())
+        })
+        .await?;
+        let mut rows: Vec<Ranked> = page.into_vec();
+        rows.sort_by_key(|r| r.at);
+        decode_rows(rows.into_iter().map(|r| r.row).collect())
     }
 
     async fn trace_span_counts(
@@ -219,24 +231,26 @@ where
         find: Option<&str>,
         before: Option<SpanPosition>,
     ) -> Result<SpanListCounts, StoreError> {
-        let mut q = QueryBuilder::<B::Db>::new("SELECT count(*), coalesce(sum(CASE WHEN TRUE");
-        push_find::<B>(&mut q, find);
-        q.push(" THEN 1 ELSE 0 END), 0), coalesce(sum(CASE WHEN TRUE");
-        push_find::<B>(&mut q, find);
-        if let Some(before) = before {
-            q.push(" AND");
-            push_before(&mut q, before);
-        }
-        q.push(" THEN 1 ELSE 0 END), 0), min(start_unix_nano) FROM spans WHERE trace_id = ")
-            .push_bind(trace_id.0.to_vec());
-        let (spans, matched, before, first): (i64, i64, i64, Option<i64>) =
-            q.build_query_as().fetch_one(self.backend.reader()).await?;
-        Ok(SpanListCounts {
-            spans: spans.max(0) as u64,
-            matched: matched.max(0) as u64,
-            before: before.max(0) as u64,
-            first_start_unix_nano: first.map(|t| t.max(0) as u64),
+        let find = Find::new(find);
+        let mut counts = SpanListCounts::default();
+        scan_trace(&self.backend, trace_id, |row| {
+            counts.spans += 1;
+            let at = position(&row);
+            counts.first_start_unix_nano = Some(
+                counts
+                    .first_start_unix_nano
+                    .map_or(at.start_unix_nano, |first| first.min(at.start_unix_nano)),
+            );
+            if find.matches(&row) {
+                counts.matched += 1;
+                if before.is_some_and(|before| at < before) {
+                    counts.before += 1;
+                }
+            }
+            Ok(())
         })
+        .await?;
+        Ok(counts)
     }
 
     async fn span_counts(
@@ -245,24 +259,31 @@ where
     ) -> Result<HashMap<TraceId, u64>, StoreError> {
         let mut counts = HashMap::new();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
-            // Counted in the primary key's index, without reading the rows.
+            // Counted in the primary key's index, without reading the rows; a block says
+            // how many it holds.
             let mut q = QueryBuilder::<B::Db>::new(
                 "SELECT trace_id, count(*) FROM spans WHERE trace_id IN ",
             );
             push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
-            q.push(" GROUP BY trace_id");
-            counts.extend(decode_counts(
-                q.build_query_as().fetch_all(self.backend.reader()).await?,
-            )?);
+            q.push(" GROUP BY trace_id UNION ALL SELECT trace_id, span_count FROM trace_blocks WHERE trace_id IN ");
+            push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+            for (id, count) in
+                decode_counts(q.build_query_as().fetch_all(self.backend.reader()).await?)?
+            {
+                *counts.entry(id).or_insert(0) += count;
+            }
         }
         Ok(counts)
     }
 
     async fn span_count(&self) -> Result<u64, StoreError> {
-        let (count,): (i64,) = QueryBuilder::<B::Db>::new("SELECT count(*) FROM spans")
-            .build_query_as()
-            .fetch_one(self.backend.reader())
-            .await?;
+        let (count,): (i64,) = QueryBuilder::<B::Db>::new(
+            "SELECT (SELECT count(*) FROM spans) \
+             + (SELECT CAST(coalesce(sum(span_count), 0) AS BIGINT) FROM trace_blocks)",
+        )
+        .build_query_as()
+        .fetch_one(self.backend.reader())
+        .await?;
         Ok(count.max(0) as u64)
     }
 
@@ -285,18 +306,36 @@ where
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        // Drive from the index of the most selective term when there is one (newest first
-        // through the primary key); otherwise from the summaries' start index.
-        let (mut q, order) = start_search::<B::Db>(query, B::SUBSTRING);
-        if let Some(cursor) = query.cursor {
-            B::push_after(&mut q, order, cursor);
+        if query.attrs.is_empty() {
+            return search_page(&self.backend, query).await;
         }
-        for filter in &query.attrs {
-            B::push_attr_filter(&mut q, filter);
+        // Attribute filters look into spans, which blocks keep compressed: summaries are
+        // taken a page at a time, newest first, and kept when their spans match, until the
+        // limit is reached or no summary is left.
+        let mut found = Vec::new();
+        let mut page = query.clone();
+        page.limit = query.limit.clamp(ATTR_PAGE, 1_000);
+        loop {
+            let summaries = search_page(&self.backend, &page).await?;
+            let full = summaries.len() >= page.limit as usize;
+            let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
+            let matching = traces_matching(&self.backend, &ids, &query.attrs).await?;
+            for summary in summaries {
+                page.cursor = Some(Cursor {
+                    start_unix_nano: summary.start_unix_nano,
+                    trace_id: summary.trace_id,
+                });
+                if matching.contains(&summary.trace_id) {
+                    found.push(summary);
+                    if found.len() >= query.limit as usize {
+                        return Ok(found);
+                    }
+                }
+            }
+            if !full {
+                return Ok(found);
+            }
         }
-        finish_search(&mut q, order, query.limit);
-        let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(self.backend.reader()).await?;
-        rows.into_iter().map(StoredSummary::decode).collect()
     }
 
     async fn hop_samples(
@@ -340,6 +379,8 @@ where
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
 {
     fn backend(&self) -> &'static str {
         B::NAME
@@ -365,7 +406,21 @@ where
         let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let deleted = B::delete_spans(&mut tx, cutoff, limit).await?;
+        let mut deleted = B::delete_spans(&mut tx, cutoff, limit).await?;
+        let mut blocks = QueryBuilder::<B::Db>::new(
+            "DELETE FROM trace_blocks WHERE trace_id IN (SELECT trace_id FROM trace_blocks \
+             WHERE start_unix_nano < ",
+        );
+        blocks
+            .push_bind(cutoff)
+            .push(" LIMIT ")
+            .push_bind(i64::from(limit))
+            .push(") RETURNING span_count");
+        let counts: Vec<(i64,)> = blocks.build_query_as().fetch_all(&mut *tx).await?;
+        deleted += counts
+            .iter()
+            .map(|(n,)| n.max(&0).unsigned_abs())
+            .sum::<u64>();
         delete_summaries_before::<B::Db>(&mut tx, cutoff, limit).await?;
         tx.commit().await?;
         writer.done();
@@ -393,11 +448,23 @@ where
             let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id IN ");
             push_list(&mut delete, ids.iter().map(|id| id.0.to_vec()));
             delete.build().execute(&mut *tx).await?;
+            let mut delete =
+                QueryBuilder::<B::Db>::new("DELETE FROM trace_blocks WHERE trace_id IN ");
+            push_list(&mut delete, ids.iter().map(|id| id.0.to_vec()));
+            delete.build().execute(&mut *tx).await?;
             delete_summaries::<B::Db>(&mut tx, &ids).await?;
         }
         tx.commit().await?;
         writer.done();
         Ok(ids.len() as u64)
+    }
+
+    async fn compact(
+        &self,
+        traces: &[TraceId],
+        max_trace_bytes: u64,
+    ) -> Result<Compacted, StoreError> {
+        compact(&self.backend, traces, max_trace_bytes).await
     }
 
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
@@ -422,46 +489,295 @@ where
     q
 }
 
-/// ` AND (…)`: spans whose service, name or attribute text holds `find` in any case, or,
-/// when it is 16 hex digits, the span with that id.
-fn push_find<B: Backend>(q: &mut QueryBuilder<B::Db>, find: Option<&str>)
+/// Summaries a search asks for at a time while attribute filters look into their spans.
+const ATTR_PAGE: u32 = 200;
+
+/// One page of a search, attribute filters left aside.
+async fn search_page<B>(backend: &B, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>
 where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
-    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
 {
-    let Some(find) = find.map(str::trim).filter(|f| !f.is_empty()) else {
-        return;
-    };
-    let text = find.to_lowercase();
-    q.push(" AND (");
-    for (i, column) in ["service", "name", "attributes"].into_iter().enumerate() {
-        if i > 0 {
-            q.push(" OR ");
-        }
-        q.push(format!("{}(lower({column}), ", B::SUBSTRING))
-            .push_bind(text.clone())
-            .push(") > 0");
+    // Drive from the index of the most selective term when there is one (newest first
+    // through the primary key); otherwise from the summaries' start index.
+    let (mut q, order) = start_search::<B::Db>(query, B::SUBSTRING);
+    if let Some(cursor) = query.cursor {
+        B::push_after(&mut q, order, cursor);
     }
-    if let Ok(id) = SpanId::from_hex(find) {
-        q.push(" OR span_id = ").push_bind(id.0.to_vec());
-    }
-    q.push(")");
+    finish_search(&mut q, order, query.limit);
+    let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(backend.reader()).await?;
+    rows.into_iter().map(StoredSummary::decode).collect()
 }
 
-/// ` (…)`: spans before `position` in start order, then span id.
-fn push_before<DB: Database>(q: &mut QueryBuilder<DB>, position: SpanPosition)
+/// The traces among `ids` where each filter holds on one of their spans.
+async fn traces_matching<B>(
+    backend: &B,
+    ids: &[TraceId],
+    filters: &[AttrFilter],
+) -> Result<HashSet<TraceId>, StoreError>
 where
-    i64: for<'t> Encode<'t, DB> + Type<DB>,
-    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
 {
-    let start = i64::try_from(position.start_unix_nano).unwrap_or(i64::MAX);
-    q.push(" (start_unix_nano < ")
-        .push_bind(start)
-        .push(" OR (start_unix_nano = ")
-        .push_bind(start)
-        .push(" AND span_id < ")
-        .push_bind(position.span_id.0.to_vec())
-        .push("))");
+    let all = (1u64 << filters.len().min(63)) - 1;
+    let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut meet = |trace: &[u8], attributes: &str| {
+        let mut bits = 0;
+        for (i, filter) in filters.iter().enumerate().take(63) {
+            if filter.matches(attributes) {
+                bits |= 1 << i;
+            }
+        }
+        if bits != 0 {
+            *met.entry(trace.to_vec()).or_insert(0) |= bits;
+        }
+    };
+    let blocks = read_blocks(backend, ids).await?;
+    let mut in_blocks = HashSet::new();
+    for block in blocks.values() {
+        for row in block.rows()? {
+            meet(&row.trace_id, &row.attributes);
+            in_blocks.insert((row.trace_id, row.span_id));
+        }
+    }
+    for chunk in ids.chunks(IDS_PER_STATEMENT) {
+        let mut q = QueryBuilder::<B::Db>::new(
+            "SELECT trace_id, span_id, attributes FROM spans WHERE trace_id IN ",
+        );
+        push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+        let mut rows = q
+            .build_query_as::<(Vec<u8>, Vec<u8>, String)>()
+            .fetch(backend.reader());
+        while let Some((trace, span, attributes)) = rows.try_next().await? {
+            if !in_blocks.contains(&(trace.clone(), span)) {
+                meet(&trace, &attributes);
+            }
+        }
+    }
+    met.into_iter()
+        .filter(|(_, bits)| *bits == all)
+        .map(|(id, _)| decode_trace_id(&id))
+        .collect()
+}
+
+/// Every row of `traces` (at most a statement's worth): each trace's block, then its rows
+/// the block does not hold.
+async fn rows_of<B>(backend: &B, traces: &[TraceId]) -> Result<Vec<StoredRow>, StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+{
+    let blocks = read_blocks(backend, traces).await?;
+    let mut q = spans_of::<B::Db>(traces, "");
+    let rows: Vec<StoredRow> = q.build_query_as().fetch_all(backend.reader()).await?;
+    if blocks.is_empty() {
+        return Ok(rows);
+    }
+    let mut by_trace: HashMap<Vec<u8>, Vec<StoredRow>> = HashMap::new();
+    for row in rows {
+        by_trace.entry(row.trace_id.clone()).or_default().push(row);
+    }
+    let mut all = Vec::new();
+    for (id, block) in blocks {
+        all.extend(merge(
+            block.rows()?,
+            by_trace.remove(&id).unwrap_or_default(),
+        ));
+    }
+    all.extend(by_trace.into_values().flatten());
+    Ok(all)
+}
+
+/// Calls `each` with every row of one trace (its block's, then its other rows, streamed),
+/// holding at most one row of the database's at a time.
+async fn scan_trace<B>(
+    backend: &B,
+    trace_id: TraceId,
+    mut each: impl FnMut(StoredRow) -> Result<(), StoreError> + Send,
+) -> Result<(), StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+{
+    let mut in_block = HashSet::new();
+    if let Some(block) = read_blocks(backend, &[trace_id])
+        .await?
+        .into_values()
+        .next()
+    {
+        for row in block.rows()? {
+            in_block.insert(row.span_id.clone());
+            each(row)?;
+        }
+    }
+    let mut q = spans_of::<B::Db>(&[trace_id], "");
+    let mut rows = q.build_query_as::<StoredRow>().fetch(backend.reader());
+    while let Some(row) = rows.try_next().await? {
+        if !in_block.contains(&row.span_id) {
+            each(row)?;
+        }
+    }
+    Ok(())
+}
+
+/// A row's place in its trace's start order.
+fn position(row: &StoredRow) -> SpanPosition {
+    let mut id = [0u8; SpanId::LEN];
+    if row.span_id.len() == SpanId::LEN {
+        id.copy_from_slice(&row.span_id);
+    }
+    SpanPosition {
+        start_unix_nano: row.start_unix_nano.max(0) as u64,
+        span_id: SpanId(id),
+    }
+}
+
+/// `SpanListQuery::find`: spans whose service, name or attribute text holds it in any
+/// case, or, when it is 16 hex digits, the span with that id; every span without one.
+struct Find {
+    text: Option<String>,
+    id: Option<SpanId>,
+}
+
+impl Find {
+    fn new(find: Option<&str>) -> Find {
+        let find = find.map(str::trim).filter(|f| !f.is_empty());
+        Find {
+            text: find.map(str::to_lowercase),
+            id: find.and_then(|f| SpanId::from_hex(f).ok()),
+        }
+    }
+
+    fn matches(&self, row: &StoredRow) -> bool {
+        let Some(text) = &self.text else {
+            return true;
+        };
+        let holds = |column: &str| column.to_lowercase().contains(text.as_str());
+        holds(&row.service)
+            || holds(&row.name)
+            || holds(&row.attributes)
+            || self.id.is_some_and(|id| row.span_id == id.0)
+    }
+}
+
+/// A row kept for a page of `trace_span_list`, ordered so that the heap's greatest is the
+/// one the page gives up first.
+struct Ranked {
+    at: SpanPosition,
+    backwards: bool,
+    row: StoredRow,
+}
+
+impl Ranked {
+    fn new(at: SpanPosition, row: StoredRow, backwards: bool) -> Ranked {
+        Ranked { at, backwards, row }
+    }
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        match self.backwards {
+            false => self.at.cmp(&other.at),
+            true => other.at.cmp(&self.at),
+        }
+    }
+}
+
+/// `TraceOutline` gathered row by row.
+#[derive(Default)]
+struct OutlineScan {
+    spans: u64,
+    start: Option<i64>,
+    end: Option<i64>,
+    /// The first span without a parent (else the first span): its key and what is kept.
+    root: Option<((bool, i64, Vec<u8>), (String, String, Option<f64>))>,
+    services: std::collections::BTreeSet<String>,
+    operations: std::collections::BTreeSet<(String, String)>,
+}
+
+impl OutlineScan {
+    fn add(&mut self, row: StoredRow) -> Result<(), StoreError> {
+        self.spans += 1;
+        self.start = Some(
+            self.start
+                .map_or(row.start_unix_nano, |s| s.min(row.start_unix_nano)),
+        );
+        self.end = Some(
+            self.end
+                .map_or(row.end_unix_nano, |e| e.max(row.end_unix_nano)),
+        );
+        let key = (
+            row.parent_span_id.is_some(),
+            row.start_unix_nano,
+            row.span_id.clone(),
+        );
+        if self.root.as_ref().is_none_or(|(root, _)| key < *root) {
+            self.root = Some((key, (row.service.clone(), row.name.clone(), row.budget_ms)));
+        }
+        let hop = Role::HOP_KINDS
+            .iter()
+            .any(|k| k.as_i32() == i32::from(row.kind));
+        if hop {
+            keep_first(&mut self.operations, (row.service.clone(), row.name));
+        }
+        keep_first(&mut self.services, row.service);
+        Ok(())
+    }
+
+    fn finish(self, trace_id: TraceId) -> Option<TraceOutline> {
+        let (start, end) = (self.start?, self.end?);
+        let (_, (root_service, root_name, root_budget_ms)) = self.root?;
+        Some(TraceOutline {
+            trace_id,
+            span_count: self.spans,
+            start_unix_nano: start.max(0) as u64,
+            end_unix_nano: end.max(start).max(0) as u64,
+            root_service,
+            root_name,
+            root_budget_ms,
+            services: self.services.into_iter().collect(),
+            operations: self.operations.into_iter().collect(),
+        })
+    }
+}
+
+/// Adds `value` to a set that keeps its first `OUTLINE_NAMES` in order.
+fn keep_first<T: Ord>(set: &mut std::collections::BTreeSet<T>, value: T) {
+    set.insert(value);
+    if set.len() > OUTLINE_NAMES as usize {
+        set.pop_last();
+    }
 }
 
 /// A span encoded into column values, shared by both backends' inserts.
@@ -663,7 +979,7 @@ pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, servic
 
 impl StoredRow {
     /// The row's size as read: its ids and text.
-    fn text_bytes(&self) -> u64 {
+    pub(crate) fn text_bytes(&self) -> u64 {
         (self.trace_id.len()
             + self.span_id.len()
             + 8

@@ -26,7 +26,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::StoreError;
 use super::backend::{Backend, Writer};
-use super::query::{AttrFilter, AttrOperand, Backlog, Cursor, DiskUsage, DueQuery};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
 use super::spans::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;
@@ -809,20 +809,6 @@ impl Backend for SqliteBackend {
             .push(format!(" AND {order}.trace_id < "))
             .push_bind(cursor.trace_id.0.to_vec())
             .push("))");
-    }
-
-    fn push_attr_filter(q: &mut QueryBuilder<Sqlite>, filter: &AttrFilter) {
-        // Keys are checked for '"' by the API; the JSON path quotes the whole key.
-        q.push(" AND EXISTS (SELECT 1 FROM spans sp WHERE sp.trace_id = ts.trace_id AND json_extract(sp.attributes, ")
-            .push_bind(format!("$.\"{}\"", filter.key))
-            .push(") ")
-            .push(filter.op.sql())
-            .push(" ");
-        match &filter.value {
-            AttrOperand::Number(n) => q.push_bind(*n),
-            AttrOperand::Text(t) => q.push_bind(t.clone()),
-        };
-        q.push(")");
     }
 }
 

@@ -1,0 +1,655 @@
+//! An analysed trace's spans kept together as one compressed block (`trace_blocks`): the
+//! shape columnar trace stores use. Ingest writes span rows; once the analyzer has
+//! summarised a trace, `compact` moves its rows into the trace's block (merging any block
+//! it had) and deletes exactly the rows it moved, so a span arriving meanwhile stays a row.
+//! Every read of a trace's spans takes its block and its rows together (`spans.rs`).
+//!
+//! Architecture invariant: a block holds the rows' own text (`StoredRow`), column by
+//! column, compressed with zstd; what a block and a row say of one span id never differs
+//! in kind, and the block's copy wins (the first copy stored, as for rows).
+
+use std::collections::{HashMap, HashSet};
+
+use futures_util::TryStreamExt as _;
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
+
+use super::StoreError;
+use super::backend::{Backend, Writer as _};
+use super::spans::{SPAN_COLUMNS, StoredRow};
+use super::summaries::push_list;
+use crate::core::model::{SpanId, TraceId};
+
+/// The frame's layout version, its first byte before compression.
+const FORMAT: u8 = 1;
+
+/// zstd's level: its default, which keeps compression cheap beside the analysis
+/// (`budgetscope-bench ingest --rate 10000`, the analyzer's write time).
+const LEVEL: i32 = 3;
+
+/// The text columns a frame holds, in order: service, name, status message, attributes,
+/// resource, details.
+const TEXT_COLUMNS: usize = 6;
+
+/// Span ids per `DELETE` of moved rows: within both databases' parameter limits.
+const IDS_PER_DELETE: usize = 500;
+
+/// One stored block as read: the trace, its generation (what a rewrite compares), the
+/// text of its rows and the compressed frame.
+#[derive(sqlx::FromRow)]
+pub(crate) struct StoredBlock {
+    pub trace_id: Vec<u8>,
+    pub generation: i64,
+    pub span_count: i64,
+    pub text_bytes: i64,
+    pub block: Vec<u8>,
+}
+
+impl StoredBlock {
+    /// The block's rows, in the order they were written (start, then span id).
+    pub fn rows(&self) -> Result<Vec<StoredRow>, StoreError> {
+        // The frame is the rows' text plus at most a few dozen bytes of numbers per span.
+        let capacity = (self.text_bytes.max(0) as usize)
+            .saturating_add(64usize.saturating_mul(self.span_count.max(0) as usize + 1));
+        let frame = zstd::bulk::decompress(&self.block, capacity)
+            .map_err(|e| StoreError::Corrupt(format!("span block: {e}")))?;
+        decode(&self.trace_id, &frame)
+    }
+}
+
+/// What `compact` did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    /// Traces whose block was written.
+    pub traces: u64,
+    /// Rows moved into blocks (and deleted).
+    pub spans: u64,
+    /// The text of those rows, and the bytes of the blocks written.
+    pub row_bytes: u64,
+    pub block_bytes: u64,
+}
+
+/// The blocks of `traces` (at most a statement's worth of ids).
+pub(crate) fn blocks_of<DB: Database>(traces: &[TraceId]) -> QueryBuilder<DB>
+where
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+{
+    let mut q = QueryBuilder::new(
+        "SELECT trace_id, generation, span_count, text_bytes, block FROM trace_blocks \
+         WHERE trace_id IN ",
+    );
+    push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
+    q
+}
+
+/// Reads the blocks of `traces` (any number), by trace id.
+pub(crate) async fn read_blocks<B>(
+    backend: &B,
+    traces: &[TraceId],
+) -> Result<HashMap<Vec<u8>, StoredBlock>, StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+{
+    let mut blocks = HashMap::new();
+    for chunk in traces.chunks(IDS_PER_DELETE) {
+        let mut q = blocks_of::<B::Db>(chunk);
+        let rows: Vec<StoredBlock> = q.build_query_as().fetch_all(backend.reader()).await?;
+        blocks.extend(rows.into_iter().map(|b| (b.trace_id.clone(), b)));
+    }
+    Ok(blocks)
+}
+
+/// A block's rows followed by the trace's rows whose span id the block does not hold.
+pub(crate) fn merge(block: Vec<StoredRow>, rows: Vec<StoredRow>) -> Vec<StoredRow> {
+    if block.is_empty() {
+        return rows;
+    }
+    let held: HashSet<Vec<u8>> = block.iter().map(|r| r.span_id.clone()).collect();
+    let mut merged = block;
+    merged.extend(rows.into_iter().filter(|r| !held.contains(&r.span_id)));
+    merged
+}
+
+/// Moves the rows of `traces` into their blocks: for each trace whose rows (with its block)
+/// hold at most `max_trace_bytes` of text, writes the block holding all of them and
+/// deletes exactly the rows read, in one transaction. A block rewritten by someone else
+/// since it was read (its generation moved) is left alone, and so are its rows.
+pub(crate) async fn compact<B>(
+    backend: &B,
+    traces: &[TraceId],
+    max_trace_bytes: u64,
+) -> Result<Compacted, StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    let mut done = Compacted::default();
+    let mut ids = traces.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    for chunk in ids.chunks(IDS_PER_DELETE) {
+        let mut old = read_blocks(backend, chunk).await?;
+        // Rows in trace order; a trace past the limit is passed over (it stays rows).
+        let mut q = QueryBuilder::<B::Db>::new(format!(
+            "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "
+        ));
+        push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
+        q.push(" ORDER BY trace_id");
+        let mut stream = q.build_query_as::<StoredRow>().fetch(backend.reader());
+        let mut new = Vec::new();
+        let mut current: Option<(Vec<u8>, Vec<StoredRow>, u64)> = None;
+        let mut finish = |trace: Option<(Vec<u8>, Vec<StoredRow>, u64)>,
+                          old: &mut HashMap<Vec<u8>, StoredBlock>|
+         -> Result<(), StoreError> {
+            let Some((id, rows, bytes)) = trace else {
+                return Ok(());
+            };
+            let previous = old.remove(&id);
+            let old_bytes = previous.as_ref().map_or(0, |b| b.text_bytes.max(0) as u64);
+            if rows.is_empty() || bytes + old_bytes > max_trace_bytes {
+                return Ok(());
+            }
+            new.push(Rewrite::build(id, previous, rows)?);
+            Ok(())
+        };
+        while let Some(row) = stream.try_next().await? {
+            if current
+                .as_ref()
+                .is_none_or(|(id, _, _)| *id != row.trace_id)
+            {
+                finish(current.take(), &mut old)?;
+                current = Some((row.trace_id.clone(), Vec::new(), 0));
+            }
+            let Some((_, rows, bytes)) = &mut current else {
+                unreachable!("set above")
+            };
+            if *bytes <= max_trace_bytes {
+                *bytes += row.text_bytes();
+                rows.push(row);
+            }
+        }
+        drop(stream);
+        finish(current.take(), &mut old)?;
+        if new.is_empty() {
+            continue;
+        }
+        let mut writer = backend.writer().await?;
+        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+        for rewrite in &new {
+            if !rewrite.write::<B>(&mut tx).await? {
+                continue;
+            }
+            done.traces += 1;
+            done.spans += rewrite.moved.len() as u64;
+            done.row_bytes += rewrite.moved_bytes;
+            done.block_bytes += rewrite.block.len() as u64;
+        }
+        tx.commit().await?;
+        writer.done();
+    }
+    Ok(done)
+}
+
+/// One trace's new block, and the rows it takes in.
+struct Rewrite {
+    trace_id: Vec<u8>,
+    /// The generation read, None when the trace had no block.
+    generation: Option<i64>,
+    start_unix_nano: i64,
+    span_count: i64,
+    text_bytes: i64,
+    block: Vec<u8>,
+    /// The span ids of the rows moved into the block (deleted when it is written).
+    moved: Vec<Vec<u8>>,
+    moved_bytes: u64,
+}
+
+impl Rewrite {
+    fn build(
+        trace_id: Vec<u8>,
+        previous: Option<StoredBlock>,
+        rows: Vec<StoredRow>,
+    ) -> Result<Rewrite, StoreError> {
+        let moved: Vec<Vec<u8>> = rows.iter().map(|r| r.span_id.clone()).collect();
+        let moved_bytes = rows.iter().map(StoredRow::text_bytes).sum();
+        let (generation, held) = match previous {
+            Some(block) => (Some(block.generation), block.rows()?),
+            None => (None, Vec::new()),
+        };
+        let mut all = merge(held, rows);
+        all.sort_by(|a, b| (a.start_unix_nano, &a.span_id).cmp(&(b.start_unix_nano, &b.span_id)));
+        let text_bytes = all.iter().map(StoredRow::text_bytes).sum::<u64>();
+        Ok(Rewrite {
+            trace_id,
+            generation,
+            start_unix_nano: all.first().map_or(0, |r| r.start_unix_nano),
+            span_count: all.len() as i64,
+            text_bytes: i64::try_from(text_bytes).unwrap_or(i64::MAX),
+            block: encode(&all)?,
+            moved,
+            moved_bytes,
+        })
+    }
+
+    /// Writes the block if it is still as read, then deletes the rows moved into it;
+    /// false when someone else rewrote the block first (nothing is changed then).
+    async fn write<B>(&self, conn: &mut <B::Db as Database>::Connection) -> Result<bool, StoreError>
+    where
+        B: Backend,
+        for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+        <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+        Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+        i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+        for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    {
+        let mut q = match self.generation {
+            None => {
+                let mut q = QueryBuilder::<B::Db>::new(
+                    "INSERT INTO trace_blocks (trace_id, start_unix_nano, span_count, \
+                     text_bytes, generation, block) VALUES (",
+                );
+                q.push_bind(self.trace_id.clone())
+                    .push(", ")
+                    .push_bind(self.start_unix_nano)
+                    .push(", ")
+                    .push_bind(self.span_count)
+                    .push(", ")
+                    .push_bind(self.text_bytes)
+                    .push(", 0, ")
+                    .push_bind(self.block.clone())
+                    .push(") ON CONFLICT (trace_id) DO NOTHING RETURNING trace_id");
+                q
+            }
+            Some(generation) => {
+                let mut q =
+                    QueryBuilder::<B::Db>::new("UPDATE trace_blocks SET start_unix_nano = ");
+                q.push_bind(self.start_unix_nano)
+                    .push(", span_count = ")
+                    .push_bind(self.span_count)
+                    .push(", text_bytes = ")
+                    .push_bind(self.text_bytes)
+                    .push(", generation = ")
+                    .push_bind(generation + 1)
+                    .push(", block = ")
+                    .push_bind(self.block.clone())
+                    .push(" WHERE trace_id = ")
+                    .push_bind(self.trace_id.clone())
+                    .push(" AND generation = ")
+                    .push_bind(generation)
+                    .push(" RETURNING trace_id");
+                q
+            }
+        };
+        let written: Option<(Vec<u8>,)> = q.build_query_as().fetch_optional(&mut *conn).await?;
+        if written.is_none() {
+            return Ok(false);
+        }
+        for ids in self.moved.chunks(IDS_PER_DELETE) {
+            let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id = ");
+            delete
+                .push_bind(self.trace_id.clone())
+                .push(" AND span_id IN ");
+            push_list(&mut delete, ids.iter().cloned());
+            delete.build().execute(&mut *conn).await?;
+        }
+        Ok(true)
+    }
+}
+
+/// The frame of `rows` (one trace's), compressed: column by column, so that like values
+/// sit together (ids, then kinds, then starts as deltas, …, then each text column).
+pub(crate) fn encode(rows: &[StoredRow]) -> Result<Vec<u8>, StoreError> {
+    let mut frame =
+        Vec::with_capacity(rows.iter().map(StoredRow::text_bytes).sum::<u64>() as usize);
+    frame.push(FORMAT);
+    put_varint(&mut frame, rows.len() as u64);
+    for row in rows {
+        frame.extend_from_slice(&row.span_id);
+    }
+    for row in rows {
+        match &row.parent_span_id {
+            Some(parent) => {
+                frame.push(1);
+                frame.extend_from_slice(parent);
+            }
+            None => frame.push(0),
+        }
+    }
+    for row in rows {
+        put_signed(&mut frame, row.kind.into());
+        put_signed(&mut frame, row.status_code.into());
+    }
+    let mut previous = 0i64;
+    for row in rows {
+        put_signed(&mut frame, row.start_unix_nano.wrapping_sub(previous));
+        previous = row.start_unix_nano;
+    }
+    for row in rows {
+        put_signed(
+            &mut frame,
+            row.end_unix_nano.wrapping_sub(row.start_unix_nano),
+        );
+    }
+    for row in rows {
+        match row.budget_ms {
+            Some(ms) => {
+                frame.push(1);
+                frame.extend_from_slice(&ms.to_le_bytes());
+            }
+            None => frame.push(0),
+        }
+    }
+    for row in rows {
+        put_optional_text(&mut frame, row.budget_source.as_deref());
+    }
+    fn text_column(r: &StoredRow, column: usize) -> &str {
+        match column {
+            0 => &r.service,
+            1 => &r.name,
+            2 => &r.status_message,
+            3 => &r.attributes,
+            4 => &r.resource,
+            _ => &r.details,
+        }
+    }
+    for column in 0..TEXT_COLUMNS {
+        for row in rows {
+            put_text(&mut frame, text_column(row, column));
+        }
+    }
+    zstd::bulk::compress(&frame, LEVEL)
+        .map_err(|e| StoreError::Unavailable(format!("compressing a span block failed: {e}")))
+}
+
+/// The rows of a frame (`encode`'s, decompressed) of the trace `trace_id`.
+fn decode(trace_id: &[u8], frame: &[u8]) -> Result<Vec<StoredRow>, StoreError> {
+    let mut r = Reader { frame, at: 0 };
+    if r.byte()? != FORMAT {
+        return Err(StoreError::Corrupt("span block: unknown format".into()));
+    }
+    let n = r.varint()? as usize;
+    if n > frame.len() {
+        return Err(StoreError::Corrupt("span block: bad span count".into()));
+    }
+    let span_ids: Vec<Vec<u8>> = (0..n)
+        .map(|_| r.bytes(SpanId::LEN).map(<[u8]>::to_vec))
+        .collect::<Result<_, _>>()?;
+    let parents: Vec<Option<Vec<u8>>> = (0..n)
+        .map(|_| match r.byte()? {
+            0 => Ok(None),
+            _ => r.bytes(SpanId::LEN).map(|b| Some(b.to_vec())),
+        })
+        .collect::<Result<_, _>>()?;
+    let kinds: Vec<(i16, i16)> = (0..n)
+        .map(|_| Ok((r.signed()? as i16, r.signed()? as i16)))
+        .collect::<Result<_, StoreError>>()?;
+    let mut previous = 0i64;
+    let starts: Vec<i64> = (0..n)
+        .map(|_| {
+            previous = previous.wrapping_add(r.signed()?);
+            Ok(previous)
+        })
+        .collect::<Result<_, StoreError>>()?;
+    let ends: Vec<i64> = starts
+        .iter()
+        .map(|start| Ok(start.wrapping_add(r.signed()?)))
+        .collect::<Result<_, StoreError>>()?;
+    let budgets: Vec<Option<f64>> = (0..n)
+        .map(|_| match r.byte()? {
+            0 => Ok(None),
+            _ => r
+                .bytes(8)
+                .map(|b| Some(f64::from_le_bytes(b.try_into().expect("8 bytes")))),
+        })
+        .collect::<Result<_, _>>()?;
+    let sources: Vec<Option<String>> = (0..n)
+        .map(|_| r.optional_text())
+        .collect::<Result<_, _>>()?;
+    let mut texts: Vec<Vec<String>> = Vec::with_capacity(TEXT_COLUMNS);
+    for _ in 0..TEXT_COLUMNS {
+        texts.push((0..n).map(|_| r.text()).collect::<Result<_, _>>()?);
+    }
+    if r.at != frame.len() {
+        return Err(StoreError::Corrupt("span block: trailing bytes".into()));
+    }
+    let mut texts = texts.into_iter().map(Vec::into_iter).collect::<Vec<_>>();
+    let mut next = |column: usize| texts[column].next().unwrap_or_default();
+    let mut rows = Vec::with_capacity(n);
+    for (i, (((span_id, parent_span_id), budget_source), (kind, status_code))) in span_ids
+        .into_iter()
+        .zip(parents)
+        .zip(sources)
+        .zip(kinds)
+        .enumerate()
+    {
+        rows.push(StoredRow {
+            trace_id: trace_id.to_vec(),
+            span_id,
+            parent_span_id,
+            service: next(0),
+            name: next(1),
+            kind,
+            start_unix_nano: starts[i],
+            end_unix_nano: ends[i],
+            status_code,
+            status_message: next(2),
+            budget_ms: budgets[i],
+            budget_source,
+            attributes: next(3),
+            resource: next(4),
+            details: next(5),
+        });
+    }
+    Ok(rows)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn put_signed(out: &mut Vec<u8>, value: i64) {
+    put_varint(out, ((value << 1) ^ (value >> 63)) as u64);
+}
+
+fn put_text(out: &mut Vec<u8>, text: &str) {
+    put_varint(out, text.len() as u64);
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn put_optional_text(out: &mut Vec<u8>, text: Option<&str>) {
+    match text {
+        Some(text) => {
+            out.push(1);
+            put_text(out, text);
+        }
+        None => out.push(0),
+    }
+}
+
+struct Reader<'a> {
+    frame: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|end| *end <= self.frame.len());
+        let Some(end) = end else {
+            return Err(StoreError::Corrupt("span block: truncated".into()));
+        };
+        let bytes = &self.frame[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn byte(&mut self) -> Result<u8, StoreError> {
+        Ok(self.bytes(1)?[0])
+    }
+
+    fn varint(&mut self) -> Result<u64, StoreError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte < 0x80 {
+                return Ok(value);
+            }
+        }
+        Err(StoreError::Corrupt("span block: bad number".into()))
+    }
+
+    fn signed(&mut self) -> Result<i64, StoreError> {
+        let value = self.varint()?;
+        Ok(((value >> 1) as i64) ^ -((value & 1) as i64))
+    }
+
+    fn text(&mut self) -> Result<String, StoreError> {
+        let len = self.varint()?;
+        let len = usize::try_from(len)
+            .map_err(|_| StoreError::Corrupt("span block: bad length".into()))?;
+        String::from_utf8(self.bytes(len)?.to_vec())
+            .map_err(|e| StoreError::Corrupt(format!("span block: {e}")))
+    }
+
+    fn optional_text(&mut self) -> Result<Option<String>, StoreError> {
+        match self.byte()? {
+            0 => Ok(None),
+            _ => self.text().map(Some),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(span: u8, start: i64) -> StoredRow {
+        StoredRow {
+            trace_id: vec![7; 16],
+            span_id: vec![span; 8],
+            parent_span_id: (span > 1).then(|| vec![1; 8]),
+            service: "edge".into(),
+            name: format!("GET /{span}"),
+            kind: 2,
+            start_unix_nano: start,
+            end_unix_nano: start + 5_000,
+            status_code: i16::from(span % 3),
+            status_message: if span == 2 {
+                "boom".into()
+            } else {
+                String::new()
+            },
+            budget_ms: (span % 2 == 0).then_some(250.5),
+            budget_source: (span % 2 == 0).then(|| "grpc-timeout".into()),
+            attributes: format!("{{\"n\":{span},\"text\":\"é\"}}"),
+            resource: "{\"service.name\":\"edge\"}".into(),
+            details: "{}".into(),
+        }
+    }
+
+    fn same(a: &StoredRow, b: &StoredRow) -> bool {
+        let ids = |r: &StoredRow| {
+            (
+                r.trace_id.clone(),
+                r.span_id.clone(),
+                r.parent_span_id.clone(),
+            )
+        };
+        let numbers = |r: &StoredRow| {
+            (
+                r.kind,
+                r.start_unix_nano,
+                r.end_unix_nano,
+                r.status_code,
+                r.budget_ms,
+            )
+        };
+        let texts = |r: &StoredRow| {
+            (
+                r.service.clone(),
+                r.name.clone(),
+                r.status_message.clone(),
+                r.budget_source.clone(),
+                r.attributes.clone(),
+                r.resource.clone(),
+                r.details.clone(),
+            )
+        };
+        ids(a) == ids(b) && numbers(a) == numbers(b) && texts(a) == texts(b)
+    }
+
+    #[test]
+    fn a_block_gives_back_every_field_of_every_row() {
+        // Starts out of order and at the extremes: deltas may be negative or wrap.
+        let rows = vec![
+            row(1, 1_000),
+            row(2, 500),
+            row(3, i64::MAX - 10_000),
+            row(4, 0),
+        ];
+        let block = encode(&rows).unwrap();
+        let stored = StoredBlock {
+            trace_id: vec![7; 16],
+            generation: 0,
+            span_count: rows.len() as i64,
+            text_bytes: rows.iter().map(StoredRow::text_bytes).sum::<u64>() as i64,
+            block,
+        };
+        let back = stored.rows().unwrap();
+        assert_eq!(back.len(), rows.len());
+        for (a, b) in rows.iter().zip(&back) {
+            assert!(same(a, b), "row {:?} came back changed", a.span_id);
+        }
+    }
+
+    #[test]
+    fn a_damaged_block_is_an_error_not_a_panic() {
+        let rows = vec![row(1, 1_000), row(2, 2_000)];
+        let frame_of =
+            |rows: &[StoredRow]| zstd::bulk::decompress(&encode(rows).unwrap(), 1 << 20).unwrap();
+        let frame = frame_of(&rows);
+        for cut in 0..frame.len() {
+            assert!(decode(&[7; 16], &frame[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = frame.clone();
+        longer.push(0);
+        assert!(decode(&[7; 16], &longer).is_err());
+        let mut unknown = frame;
+        unknown[0] = 99;
+        assert!(decode(&[7; 16], &unknown).is_err());
+        let garbage = StoredBlock {
+            trace_id: vec![7; 16],
+            generation: 0,
+            span_count: 2,
+            text_bytes: 10,
+            block: vec![1, 2, 3, 4],
+        };
+        assert!(matches!(garbage.rows(), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_block_keeps_the_first_copy_of_a_span() {
+        let mut again = row(2, 500);
+        again.name = "a later copy".into();
+        let merged = merge(vec![row(1, 1_000), row(2, 500)], vec![again, row(3, 700)]);
+        let names: Vec<&str> = merged.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["GET /1", "GET /2", "GET /3"]);
+    }
+}
