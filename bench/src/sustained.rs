@@ -25,6 +25,7 @@ use prost::Message as _;
 use budgetscope::otlp::generate::generate_chains;
 use budgetscope::otlp::normalize::span_count;
 use budgetscope::store;
+use budgetscope::store::stored_hop_samples;
 
 use crate::ingest::{ChildServer, Prepared, Sender, futures_join, own_cpu_seconds};
 use crate::{BenchDatabases, Transport, ms};
@@ -406,13 +407,6 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
 /// every hop sample of every trace counts once in the hop rollups: each pair
 /// (what, expected, found) must agree.
 async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>> {
-    let postgres = url.starts_with("postgres");
-    // A summary keeps its trace's hop samples as a JSON array.
-    let samples = if postgres {
-        "SELECT CAST(COALESCE(SUM(json_array_length(hops::json)), 0) AS BIGINT) FROM trace_summaries"
-    } else {
-        "SELECT CAST(COALESCE(SUM(json_array_length(hops)), 0) AS BIGINT) FROM trace_summaries"
-    };
     let pairs = [
         (
             "traces stored / summarised",
@@ -426,20 +420,30 @@ async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>
              + (SELECT CAST(COALESCE(SUM(span_count), 0) AS BIGINT) FROM trace_blocks)",
             "SELECT CAST(COALESCE(SUM(span_count), 0) AS BIGINT) FROM trace_summaries",
         ),
-        (
-            "hop samples in summaries / requests in hop rollups",
-            samples,
-            "SELECT CAST(COALESCE(SUM(requests), 0) AS BIGINT) FROM hop_rollups",
-        ),
     ];
+    // A summary keeps its trace's hop samples compressed: counted here, not in SQL.
+    let samples = "SELECT hops, packed_hops FROM trace_summaries";
+    let requests = "SELECT CAST(COALESCE(SUM(requests), 0) AS BIGINT) FROM hop_rollups";
+    let count = |rows: Vec<(String, Option<Vec<u8>>)>| {
+        rows.iter()
+            .map(|(text, packed)| stored_hop_samples(text, packed.as_deref()))
+            .sum::<usize>() as i64
+    };
     let mut counted = Vec::new();
-    if postgres {
+    if url.starts_with("postgres") {
         let pool = sqlx::PgPool::connect(url).await?;
         for (what, expected, found) in pairs {
             let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
             let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
             counted.push((what, expected, found));
         }
+        let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
+        let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
+        counted.push((
+            "hop samples in summaries / requests in hop rollups",
+            expected,
+            found,
+        ));
         pool.close().await;
     } else {
         let pool = sqlx::SqlitePool::connect(url).await?;
@@ -448,6 +452,13 @@ async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>
             let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
             counted.push((what, expected, found));
         }
+        let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
+        let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
+        counted.push((
+            "hop samples in summaries / requests in hop rollups",
+            expected,
+            found,
+        ));
         pool.close().await;
     }
     Ok(counted)

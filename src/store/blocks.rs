@@ -19,6 +19,18 @@ use super::spans::{SPAN_COLUMNS, StoredRow};
 use super::summaries::push_list;
 use crate::core::model::{SpanId, TraceId};
 
+/// Compresses bytes the store keeps (a block's frame, a summary's hop samples).
+pub(crate) fn compress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    zstd::bulk::compress(bytes, LEVEL)
+        .map_err(|e| StoreError::Unavailable(format!("compressing for the store failed: {e}")))
+}
+
+/// What `compress` compressed.
+pub(crate) fn decompress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
+    zstd::stream::decode_all(bytes)
+        .map_err(|e| StoreError::Corrupt(format!("compressed data: {e}")))
+}
+
 /// The frame's layout version, its first byte before compression.
 const FORMAT: u8 = 1;
 
@@ -367,8 +379,7 @@ pub(crate) fn encode(rows: &[StoredRow]) -> Result<Vec<u8>, StoreError> {
             put_text(&mut frame, text_column(row, column));
         }
     }
-    zstd::bulk::compress(&frame, LEVEL)
-        .map_err(|e| StoreError::Unavailable(format!("compressing a span block failed: {e}")))
+    compress(&frame)
 }
 
 /// The rows of a frame (`encode`'s, decompressed) of the trace `trace_id`.

@@ -20,7 +20,8 @@
 //!   (`blocks.rs`); every read of a trace's spans takes its block and its rows together,
 //!   the first copy of a span id winning, and the per-trace reads (outline, span list,
 //!   counts) and attribute filters are worked out in Rust over both.
-//! - `trace_summaries`: one row per analysed trace, with its hop samples (`hops`, JSON);
+//! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
+//!   compressed JSON; summaries from before keep it as `hops` text);
 //!   `trace_terms`: an inverted index (term, start, trace) over services, operations,
 //!   flags and outcome. A search drives from its most selective term newest first and
 //!   stops at its limit; pagination is keyset on (start, trace id).
@@ -74,6 +75,7 @@ use query::{
     TracesWithin,
 };
 pub use query::{DiskUsage, TraceSet};
+pub use rollup::stored_hop_samples;
 pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
 /// A (service, span name, kind) seen in stored spans.

@@ -9,7 +9,7 @@ use crate::core::model::{Span, SpanId, TraceId};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
-use super::rollup::{ROLLUP_COLUMNS, encode_hops};
+use super::rollup::{ROLLUP_COLUMNS, pack_hops};
 use crate::core::analyze::hops::HopSample;
 
 /// A comparison on a span attribute: traces with at least one span where it holds.
@@ -341,8 +341,8 @@ pub(crate) struct SummaryRow {
     pub operations: String,
     pub answer_ms: Option<f64>,
     pub origins: String,
-    /// The trace's hop samples (`rollup::encode_hops`).
-    pub hops: String,
+    /// The trace's hop samples (`rollup::pack_hops`).
+    pub packed_hops: Vec<u8>,
     pub rules_version: i64,
     pub tolerance_ms: f64,
 }
@@ -357,7 +357,8 @@ const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      span_count = excluded.span_count, services = excluded.services, \
      operations = excluded.operations, answer_ms = excluded.answer_ms, \
      origins = excluded.origins, rules_version = excluded.rules_version, \
-     tolerance_ms = excluded.tolerance_ms, flags = excluded.flags, hops = excluded.hops";
+     tolerance_ms = excluded.tolerance_ms, flags = excluded.flags, hops = excluded.hops, \
+     packed_hops = excluded.packed_hops";
 
 /// The upsert of summary rows, one statement for all of `rows` (both backends; the caller
 /// keeps each statement within its backend's parameter limit).
@@ -371,7 +372,7 @@ where
     Option<f64>: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let mut upsert: QueryBuilder<DB> = QueryBuilder::new(format!(
-        "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags, hops) "
+        "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags, packed_hops) "
     ));
     upsert.push_values(rows, |mut b, row| {
         b.push_bind(row.trace_id.clone())
@@ -393,7 +394,7 @@ where
             .push_bind(row.rules_version)
             .push_bind(row.tolerance_ms)
             .push_bind(row.flags.clone())
-            .push_bind(row.hops.clone());
+            .push_bind(row.packed_hops.clone());
     });
     upsert.push(SUMMARY_UPSERT);
     upsert
@@ -416,7 +417,10 @@ pub(crate) fn flag_needle(flag: Flag) -> String {
     format!(",{},", flag.as_str())
 }
 
-pub(crate) fn encode_summary(summary: &TraceSummary, hops: &[HopSample]) -> SummaryRow {
+pub(crate) fn encode_summary(
+    summary: &TraceSummary,
+    hops: &[HopSample],
+) -> Result<SummaryRow, StoreError> {
     let flag_counts: BTreeMap<&str, usize> = summary
         .flag_counts
         .iter()
@@ -433,7 +437,7 @@ pub(crate) fn encode_summary(summary: &TraceSummary, hops: &[HopSample]) -> Summ
         .iter()
         .fold(String::from("\n"), |acc, s| acc + s + "\n");
     let operations = encode_operations(&summary.operations);
-    SummaryRow {
+    Ok(SummaryRow {
         trace_id: summary.trace_id.0.to_vec(),
         root_service: summary.root_service.clone(),
         root_name: summary.root_name.clone(),
@@ -451,10 +455,10 @@ pub(crate) fn encode_summary(summary: &TraceSummary, hops: &[HopSample]) -> Summ
         operations,
         answer_ms: summary.answer_ms,
         origins: encode_operations(&summary.origins),
-        hops: encode_hops(hops),
+        packed_hops: pack_hops(hops)?,
         rules_version: i64::from(summary.version.rules),
         tolerance_ms: summary.version.tolerance_ms,
-    }
+    })
 }
 
 /// (service, name) pairs as "\nSERVICE\tNAME\n…", so `operation_needle` finds one.

@@ -17,7 +17,7 @@ use super::query::{
     StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search,
     start_search,
 };
-use super::rollup::decode_hops;
+use super::rollup::stored_hops;
 use super::summaries::{delete_summaries, delete_summaries_before, oldest_summaries, push_list};
 use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
 use crate::core::analyze::Role;
@@ -62,6 +62,7 @@ where
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
@@ -345,15 +346,15 @@ where
         let mut samples = HashMap::new();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
             let mut q = QueryBuilder::<B::Db>::new(
-                "SELECT trace_id, hops FROM trace_summaries WHERE trace_id IN ",
+                "SELECT trace_id, hops, packed_hops FROM trace_summaries WHERE trace_id IN ",
             );
             push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
-            let rows: Vec<(Vec<u8>, String)> =
+            let rows: Vec<(Vec<u8>, String, Option<Vec<u8>>)> =
                 q.build_query_as().fetch_all(self.backend.reader()).await?;
-            for (id, hops) in rows {
+            for (id, hops, packed) in rows {
                 let id = TraceId::from_bytes(&id)
                     .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
-                samples.insert(id, decode_hops(&hops));
+                samples.insert(id, stored_hops(&hops, packed.as_deref()));
             }
         }
         Ok(samples)

@@ -13,7 +13,7 @@ use super::query::StaleQuery;
 use super::query::{
     SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, summary_upsert, terms,
 };
-use super::rollup::{StoredRollup, add_samples, apply_rollups, decode_hops, hourly};
+use super::rollup::{StoredRollup, add_samples, apply_rollups, hourly, stored_hops};
 use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::{HopSample, Rollup};
 use crate::core::analyze::hops::{RollupKey, add_edges};
@@ -50,6 +50,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -108,12 +109,14 @@ where
     let mut edges = BTreeMap::new();
     for chunk in replaced.chunks(CHUNK) {
         let ids = || chunk.iter().map(|id| id.0.to_vec());
-        let mut old =
-            QueryBuilder::<B::Db>::new("SELECT hops FROM trace_summaries WHERE trace_id IN ");
+        let mut old = QueryBuilder::<B::Db>::new(
+            "SELECT hops, packed_hops FROM trace_summaries WHERE trace_id IN ",
+        );
         push_list(&mut old, ids());
-        let old: Vec<(String,)> = old.build_query_as().fetch_all(&mut *conn).await?;
-        for (hops,) in old {
-            let hops = decode_hops(&hops);
+        let old: Vec<(String, Option<Vec<u8>>)> =
+            old.build_query_as().fetch_all(&mut *conn).await?;
+        for (hops, packed) in old {
+            let hops = stored_hops(&hops, packed.as_deref());
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
         }
@@ -122,7 +125,7 @@ where
     let mut rows: Vec<SummaryRow> = traces
         .iter()
         .map(|(summary, hops)| encode_summary(summary, hops))
-        .collect();
+        .collect::<Result<_, _>>()?;
     // One upsert may not touch a row twice; sorted ids also keep lock order stable.
     rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
     rows.dedup_by(|a, b| a.trace_id == b.trace_id);
