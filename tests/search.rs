@@ -286,6 +286,7 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
             held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
                 DEFAULT_LIMIT,
             )),
+            compaction: Default::default(),
         };
         let always_saturated = || true;
         let stop = CancellationToken::new();
@@ -325,6 +326,7 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
             metrics: Default::default(),
             memory: memory.clone(),
             held: budgetscope::pipeline::held::HeldTraces::new(&memory),
+            compaction: Default::default(),
         };
         let mut passes = Vec::new();
         loop {

@@ -60,6 +60,74 @@ pub struct AnalyzerOptions {
     pub memory: Arc<MemoryBudget>,
     /// Committed spans held in memory: a trace whose spans are all there is not read back.
     pub held: Arc<HeldTraces>,
+    /// Traces analysed whole, waiting for their rows to move into blocks.
+    pub compaction: Arc<CompactionQueue>,
+}
+
+/// Trace ids waiting for compaction, at most: 8 MiB of ids, a minute and more of a saturating
+/// burst's traces; past it a trace stays rows (`budgetscope_traces_left_uncompacted_total`).
+const MAX_QUEUED_COMPACTIONS: usize = 500_000;
+
+/// Traces analysed whole whose rows are still to move into their blocks: the analyzer
+/// compacts them between passes while ingest is not saturated, so a burst's commits never
+/// wait behind compaction's reads and writes, which catch up when ingest eases. Held in
+/// memory only: a trace not compacted before a restart stays rows until retention.
+#[derive(Debug, Default)]
+pub struct CompactionQueue {
+    ids: std::sync::Mutex<std::collections::VecDeque<TraceId>>,
+}
+
+impl CompactionQueue {
+    /// Queues `ids`; returns how many found no room.
+    fn push(&self, ids: impl IntoIterator<Item = TraceId>) -> u64 {
+        let mut queue = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        let mut dropped = 0;
+        for id in ids {
+            if queue.len() < MAX_QUEUED_COMPACTIONS {
+                queue.push_back(id);
+            } else {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Takes up to `n` ids, oldest first.
+    fn take(&self, n: usize) -> Vec<TraceId> {
+        let mut queue = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        let n = n.min(queue.len());
+        queue.drain(..n).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Moves the rows of up to `WRITE_CHUNK` queued traces into their blocks; returns what it did.
+pub async fn compact_queued(
+    store: &dyn Store,
+    options: &AnalyzerOptions,
+) -> Result<(Compacted, Duration), StoreError> {
+    let ids = options.compaction.take(WRITE_CHUNK);
+    if ids.is_empty() {
+        return Ok((Compacted::default(), Duration::ZERO));
+    }
+    let started = Instant::now();
+    let done = match store.compact(&ids, max_trace_bytes(&options.memory)).await {
+        Ok(done) => done,
+        Err(error) => {
+            // They wait for the next turn.
+            options.compaction.push(ids);
+            return Err(error);
+        }
+    };
+    options.metrics.record_compacted(&done);
+    Ok((done, started.elapsed()))
 }
 
 /// While ingest is saturated, the analyzer rests this many times as long as its last pass
@@ -127,6 +195,26 @@ pub async fn run(
                     && let Err(error) = error
                 {
                     tracing::warn!(%error, "summarising traces failed; will try again")
+                }
+            }
+        }
+        // Then the rows of analysed traces move into blocks, for at most one poll interval.
+        let started = Instant::now();
+        while !options.compaction.is_empty()
+            && !ingest.saturated()
+            && !stop.is_cancelled()
+            && started.elapsed() < poll
+        {
+            match compact_queued(store.as_ref(), &options).await {
+                Ok((_, took)) => ingest.background_wrote(took),
+                Err(error) => {
+                    let error = Err(error);
+                    if !ingest.health().observe(&error)
+                        && let Err(error) = error
+                    {
+                        tracing::warn!(%error, "moving analysed traces into blocks failed; will try again");
+                    }
+                    break;
                 }
             }
         }
@@ -398,18 +486,9 @@ pub async fn analysis_pass(
         .iter()
         .map(|(summary, _)| summary.trace_id)
         .collect();
-    let (deltas, mut writing) = write_in_chunks(store, summaries, marks).await?;
-    let wrote = started.elapsed();
-    let mut compacted = Compacted::default();
-    for chunk in compactable.chunks(WRITE_CHUNK) {
-        let started = Instant::now();
-        let done = store.compact(chunk, max_trace_bytes).await?;
-        writing += started.elapsed();
-        compacted.traces += done.traces;
-        compacted.spans += done.spans;
-        compacted.row_bytes += done.row_bytes;
-        compacted.block_bytes += done.block_bytes;
-    }
+    let (deltas, writing) = write_in_chunks(store, summaries, marks).await?;
+    let left = options.compaction.push(compactable);
+    options.metrics.traces_left_uncompacted.inc_by(left);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),
@@ -418,8 +497,7 @@ pub async fn analysis_pass(
         count_ms = ms(counted - selected),
         read_ms = ms(read_at - counted),
         analyse_ms = ms(analysed - read_at),
-        write_ms = ms(wrote - analysed),
-        compact_ms = ms(started.elapsed() - wrote),
+        write_ms = ms(started.elapsed() - analysed),
         "analysis pass"
     );
     drop(memory);
@@ -430,7 +508,6 @@ pub async fn analysis_pass(
         .traces_analysed_from_memory
         .inc_by(from_memory);
     options.metrics.traces_too_large.inc_by(too_large);
-    options.metrics.record_compacted(&compacted);
     Ok(Pass {
         analysed: ids.len(),
         more: full_page || read.stopped_after.is_some(),

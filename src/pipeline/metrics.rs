@@ -132,6 +132,8 @@ pub struct Metrics {
     spans_compacted: Counter,
     compacted_row_bytes: Counter,
     compacted_block_bytes: Counter,
+    /// Traces that found the compaction queue full: they stay rows.
+    pub traces_left_uncompacted: Counter,
     pub alert_evaluations: Counter,
     traces_deleted: Family<Deleted, Counter>,
     /// Seconds from a request's spans entering the ingest queue to their commit.
@@ -162,6 +164,7 @@ impl Default for Metrics {
             spans_compacted: Counter::default(),
             compacted_row_bytes: Counter::default(),
             compacted_block_bytes: Counter::default(),
+            traces_left_uncompacted: Counter::default(),
             alert_evaluations: Counter::default(),
             traces_deleted: Family::default(),
             commit_seconds: Histogram::new(
@@ -379,6 +382,11 @@ impl Metrics {
             "compacted_block_bytes",
             "Bytes of the compressed span blocks written (a rewritten block counts again)",
             self.compacted_block_bytes.clone(),
+        );
+        registry.register(
+            "traces_left_uncompacted",
+            "Analysed traces kept as rows because the compaction queue was full (a long saturating burst)",
+            self.traces_left_uncompacted.clone(),
         );
         registry.register(
             "alert_evaluations",

@@ -280,6 +280,7 @@ pub async fn start(config: &ServeConfig) -> anyhow::Result<RunningServer> {
                 metrics: metrics.clone(),
                 memory,
                 held,
+                compaction: Default::default(),
             },
             ingestor.clone(),
             reanalysis,
