@@ -19,16 +19,51 @@ use super::spans::{SPAN_COLUMNS, StoredRow};
 use super::summaries::push_list;
 use crate::core::model::{SpanId, TraceId};
 
+/// The most a compressed value may expand to: far above any block or summary, so a
+/// damaged size field reads as damage instead of an allocation.
+const MAX_EXPANDED: u64 = 1 << 30;
+
+thread_local! {
+    // One zstd context per thread, reused: making one per value cost more than the
+    // (de)compression of a small block or summary (`budgetscope-bench query`, the hop page).
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Compresses bytes the store keeps (a block's frame, a summary's hop samples).
 pub(crate) fn compress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
-    zstd::bulk::compress(bytes, LEVEL)
-        .map_err(|e| StoreError::Unavailable(format!("compressing for the store failed: {e}")))
+    let failed = |e: std::io::Error| {
+        StoreError::Unavailable(format!("compressing for the store failed: {e}"))
+    };
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Compressor::new(LEVEL).map_err(failed)?);
+        }
+        let compressor = cell.as_mut().expect("set above");
+        compressor.compress(bytes).map_err(failed)
+    })
 }
 
 /// What `compress` compressed.
 pub(crate) fn decompress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
-    zstd::stream::decode_all(bytes)
-        .map_err(|e| StoreError::Corrupt(format!("compressed data: {e}")))
+    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(format!("compressed data: {e}"));
+    let size = match zstd::zstd_safe::get_frame_content_size(bytes) {
+        Ok(Some(size)) if size <= MAX_EXPANDED => size as usize,
+        _ => return Err(corrupt(&"no valid frame size")),
+    };
+    DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Decompressor::new().map_err(|e| corrupt(&e))?);
+        }
+        let decompressor = cell.as_mut().expect("set above");
+        decompressor
+            .decompress(bytes, size)
+            .map_err(|e| corrupt(&e))
+    })
 }
 
 /// The frame's layout version, its first byte before compression.
@@ -51,7 +86,6 @@ const IDS_PER_DELETE: usize = 500;
 pub(crate) struct StoredBlock {
     pub trace_id: Vec<u8>,
     pub generation: i64,
-    pub span_count: i64,
     pub text_bytes: i64,
     pub block: Vec<u8>,
 }
@@ -59,12 +93,7 @@ pub(crate) struct StoredBlock {
 impl StoredBlock {
     /// The block's rows, in the order they were written (start, then span id).
     pub fn rows(&self) -> Result<Vec<StoredRow>, StoreError> {
-        // The frame is the rows' text plus at most a few dozen bytes of numbers per span.
-        let capacity = (self.text_bytes.max(0) as usize)
-            .saturating_add(64usize.saturating_mul(self.span_count.max(0) as usize + 1));
-        let frame = zstd::bulk::decompress(&self.block, capacity)
-            .map_err(|e| StoreError::Corrupt(format!("span block: {e}")))?;
-        decode(&self.trace_id, &frame)
+        decode(&self.trace_id, &decompress(&self.block)?)
     }
 }
 
@@ -86,7 +115,7 @@ where
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let mut q = QueryBuilder::new(
-        "SELECT trace_id, generation, span_count, text_bytes, block FROM trace_blocks \
+        "SELECT trace_id, generation, text_bytes, block FROM trace_blocks \
          WHERE trace_id IN ",
     );
     push_list(&mut q, traces.iter().map(|id| id.0.to_vec()));
@@ -619,7 +648,6 @@ mod tests {
         let stored = StoredBlock {
             trace_id: vec![7; 16],
             generation: 0,
-            span_count: rows.len() as i64,
             text_bytes: rows.iter().map(StoredRow::text_bytes).sum::<u64>() as i64,
             block,
         };
@@ -648,7 +676,6 @@ mod tests {
         let garbage = StoredBlock {
             trace_id: vec![7; 16],
             generation: 0,
-            span_count: 2,
             text_bytes: 10,
             block: vec![1, 2, 3, 4],
         };
