@@ -1703,6 +1703,30 @@ async fn a_compacted_trace_reads_as_it_did_as_rows() {
         while store.delete_before(u64::MAX / 2, 10).await.unwrap() > 0 {}
         assert_eq!(store.span_count().await.unwrap(), 0, "{backend}");
         assert!(store.trace(ids[1]).await.unwrap().is_empty(), "{backend}");
+
+        // Many small traces under a small limit: written in several transactions, all moved.
+        let many: Vec<Span> = (0..300u32)
+            .map(|i| {
+                let mut s = span(
+                    0,
+                    1,
+                    None,
+                    "svc",
+                    &format!("many {i}"),
+                    10_000 + u64::from(i),
+                );
+                s.trace_id = TraceId((1u128 << 100 | u128::from(i)).to_be_bytes());
+                s
+            })
+            .collect();
+        store.write_spans(&many).await.unwrap();
+        let many_ids: Vec<TraceId> = many.iter().map(|s| s.trace_id).collect();
+        let one = store.trace_size(&many_ids[..1]).await.unwrap().bytes;
+        let moved = store.compact(&many_ids, 2 * one).await.unwrap();
+        assert_eq!((moved.traces, moved.spans), (300, 300), "{backend}");
+        let back = store.traces(&many_ids).await.unwrap();
+        assert_eq!(back.len(), 300, "{backend}");
+        while store.delete_before(u64::MAX / 2, 1_000).await.unwrap() > 0 {}
     })
     .await;
 }

@@ -187,58 +187,92 @@ where
         push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
         q.push(" ORDER BY trace_id");
         let mut stream = q.build_query_as::<StoredRow>().fetch(backend.reader());
-        let mut new = Vec::new();
+        // What waits to be written is compressed; past `max_trace_bytes` of it, it is
+        // written before reading on, so a compaction holds at most about twice that.
+        let (mut new, mut pending) = (Vec::new(), 0u64);
         let mut current: Option<(Vec<u8>, Vec<StoredRow>, u64)> = None;
-        let mut finish = |trace: Option<(Vec<u8>, Vec<StoredRow>, u64)>,
-                          old: &mut HashMap<Vec<u8>, StoredBlock>|
-         -> Result<(), StoreError> {
-            let Some((id, rows, bytes)) = trace else {
-                return Ok(());
-            };
-            let previous = old.remove(&id);
-            let old_bytes = previous.as_ref().map_or(0, |b| b.text_bytes.max(0) as u64);
-            if rows.is_empty() || bytes + old_bytes > max_trace_bytes {
-                return Ok(());
+        loop {
+            let row = stream.try_next().await?;
+            let next_trace = row.as_ref().is_none_or(|row| {
+                current
+                    .as_ref()
+                    .is_none_or(|(id, _, _)| *id != row.trace_id)
+            });
+            if next_trace {
+                if let Some(rewrite) = finished(current.take(), &mut old, max_trace_bytes)? {
+                    pending += rewrite.held_bytes();
+                    new.push(rewrite);
+                }
+                if pending > max_trace_bytes {
+                    write_rewrites(backend, &new, &mut done).await?;
+                    (new, pending) = (Vec::new(), 0);
+                }
             }
-            new.push(Rewrite::build(id, previous, rows)?);
-            Ok(())
-        };
-        while let Some(row) = stream.try_next().await? {
-            if current
-                .as_ref()
-                .is_none_or(|(id, _, _)| *id != row.trace_id)
-            {
-                finish(current.take(), &mut old)?;
-                current = Some((row.trace_id.clone(), Vec::new(), 0));
-            }
-            let Some((_, rows, bytes)) = &mut current else {
-                unreachable!("set above")
+            let Some(row) = row else {
+                break;
             };
+            let (_, rows, bytes) =
+                current.get_or_insert_with(|| (row.trace_id.clone(), Vec::new(), 0));
             if *bytes <= max_trace_bytes {
                 *bytes += row.text_bytes();
                 rows.push(row);
             }
         }
         drop(stream);
-        finish(current.take(), &mut old)?;
-        if new.is_empty() {
-            continue;
-        }
-        let mut writer = backend.writer().await?;
-        let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        for rewrite in &new {
-            if !rewrite.write::<B>(&mut tx).await? {
-                continue;
-            }
-            done.traces += 1;
-            done.spans += rewrite.moved.len() as u64;
-            done.row_bytes += rewrite.moved_bytes;
-            done.block_bytes += rewrite.block.len() as u64;
-        }
-        tx.commit().await?;
-        writer.done();
+        write_rewrites(backend, &new, &mut done).await?;
     }
     Ok(done)
+}
+
+/// The rewrite of a trace read whole (`rows`, `bytes` of text), unless it has no rows or
+/// it passes `max_trace_bytes` with its block's.
+fn finished(
+    trace: Option<(Vec<u8>, Vec<StoredRow>, u64)>,
+    old: &mut HashMap<Vec<u8>, StoredBlock>,
+    max_trace_bytes: u64,
+) -> Result<Option<Rewrite>, StoreError> {
+    let Some((id, rows, bytes)) = trace else {
+        return Ok(None);
+    };
+    let previous = old.remove(&id);
+    let old_bytes = previous.as_ref().map_or(0, |b| b.text_bytes.max(0) as u64);
+    if rows.is_empty() || bytes + old_bytes > max_trace_bytes {
+        return Ok(None);
+    }
+    Rewrite::build(id, previous, rows).map(Some)
+}
+
+/// Writes `rewrites` in one transaction, adding what was written to `done`.
+async fn write_rewrites<B>(
+    backend: &B,
+    rewrites: &[Rewrite],
+    done: &mut Compacted,
+) -> Result<(), StoreError>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    if rewrites.is_empty() {
+        return Ok(());
+    }
+    let mut writer = backend.writer().await?;
+    let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+    for rewrite in rewrites {
+        if !rewrite.write::<B>(&mut tx).await? {
+            continue;
+        }
+        done.traces += 1;
+        done.spans += rewrite.moved.len() as u64;
+        done.row_bytes += rewrite.moved_bytes;
+        done.block_bytes += rewrite.block.len() as u64;
+    }
+    tx.commit().await?;
+    writer.done();
+    Ok(())
 }
 
 /// One trace's new block, and the rows it takes in.
@@ -280,6 +314,11 @@ impl Rewrite {
             moved,
             moved_bytes,
         })
+    }
+
+    /// What it holds in memory until written.
+    fn held_bytes(&self) -> u64 {
+        (self.block.len() + self.moved.len() * (SpanId::LEN + 24)) as u64
     }
 
     /// Writes the block if it is still as read, then deletes the rows moved into it;
