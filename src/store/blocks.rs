@@ -95,6 +95,17 @@ impl StoredBlock {
     pub fn rows(&self) -> Result<Vec<StoredRow>, StoreError> {
         decode(&self.trace_id, &decompress(&self.block)?)
     }
+
+    /// Each span's id and attribute text, without the rest of its row (attribute filters).
+    pub fn attributes(&self) -> Result<Vec<(Vec<u8>, String)>, StoreError> {
+        let frame = decompress(&self.block)?;
+        let c = Columns::parse(&frame)?;
+        Ok(c.span_ids
+            .iter()
+            .zip(&c.texts[3])
+            .map(|(id, attributes)| (id.to_vec(), attributes.to_string()))
+            .collect())
+    }
 }
 
 /// What `compact` did.
@@ -450,86 +461,105 @@ pub(crate) fn encode(rows: &[StoredRow]) -> Result<Vec<u8>, StoreError> {
     compress(&frame)
 }
 
+/// A frame's columns, borrowed from it (`encode`'s layout).
+struct Columns<'a> {
+    span_ids: Vec<&'a [u8]>,
+    parents: Vec<Option<&'a [u8]>>,
+    kinds: Vec<(i16, i16)>,
+    starts: Vec<i64>,
+    ends: Vec<i64>,
+    budgets: Vec<Option<f64>>,
+    sources: Vec<Option<&'a str>>,
+    texts: Vec<Vec<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn parse(frame: &'a [u8]) -> Result<Columns<'a>, StoreError> {
+        let mut r = Reader { frame, at: 0 };
+        if r.byte()? != FORMAT {
+            return Err(StoreError::Corrupt("span block: unknown format".into()));
+        }
+        let n = r.varint()? as usize;
+        if n > frame.len() {
+            return Err(StoreError::Corrupt("span block: bad span count".into()));
+        }
+        let span_ids = (0..n)
+            .map(|_| r.bytes(SpanId::LEN))
+            .collect::<Result<_, _>>()?;
+        let parents = (0..n)
+            .map(|_| match r.byte()? {
+                0 => Ok(None),
+                _ => r.bytes(SpanId::LEN).map(Some),
+            })
+            .collect::<Result<_, _>>()?;
+        let kinds = (0..n)
+            .map(|_| Ok((r.signed()? as i16, r.signed()? as i16)))
+            .collect::<Result<_, StoreError>>()?;
+        let mut previous = 0i64;
+        let starts: Vec<i64> = (0..n)
+            .map(|_| {
+                previous = previous.wrapping_add(r.signed()?);
+                Ok(previous)
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let ends = starts
+            .iter()
+            .map(|start| Ok(start.wrapping_add(r.signed()?)))
+            .collect::<Result<_, StoreError>>()?;
+        let budgets = (0..n)
+            .map(|_| match r.byte()? {
+                0 => Ok(None),
+                _ => r
+                    .bytes(8)
+                    .map(|b| Some(f64::from_le_bytes(b.try_into().expect("8 bytes")))),
+            })
+            .collect::<Result<_, _>>()?;
+        let sources = (0..n)
+            .map(|_| r.optional_text())
+            .collect::<Result<_, _>>()?;
+        let mut texts = Vec::with_capacity(TEXT_COLUMNS);
+        for _ in 0..TEXT_COLUMNS {
+            texts.push((0..n).map(|_| r.text()).collect::<Result<_, _>>()?);
+        }
+        if r.at != frame.len() {
+            return Err(StoreError::Corrupt("span block: trailing bytes".into()));
+        }
+        Ok(Columns {
+            span_ids,
+            parents,
+            kinds,
+            starts,
+            ends,
+            budgets,
+            sources,
+            texts,
+        })
+    }
+}
+
 /// The rows of a frame (`encode`'s, decompressed) of the trace `trace_id`.
 fn decode(trace_id: &[u8], frame: &[u8]) -> Result<Vec<StoredRow>, StoreError> {
-    let mut r = Reader { frame, at: 0 };
-    if r.byte()? != FORMAT {
-        return Err(StoreError::Corrupt("span block: unknown format".into()));
-    }
-    let n = r.varint()? as usize;
-    if n > frame.len() {
-        return Err(StoreError::Corrupt("span block: bad span count".into()));
-    }
-    let span_ids: Vec<Vec<u8>> = (0..n)
-        .map(|_| r.bytes(SpanId::LEN).map(<[u8]>::to_vec))
-        .collect::<Result<_, _>>()?;
-    let parents: Vec<Option<Vec<u8>>> = (0..n)
-        .map(|_| match r.byte()? {
-            0 => Ok(None),
-            _ => r.bytes(SpanId::LEN).map(|b| Some(b.to_vec())),
-        })
-        .collect::<Result<_, _>>()?;
-    let kinds: Vec<(i16, i16)> = (0..n)
-        .map(|_| Ok((r.signed()? as i16, r.signed()? as i16)))
-        .collect::<Result<_, StoreError>>()?;
-    let mut previous = 0i64;
-    let starts: Vec<i64> = (0..n)
-        .map(|_| {
-            previous = previous.wrapping_add(r.signed()?);
-            Ok(previous)
-        })
-        .collect::<Result<_, StoreError>>()?;
-    let ends: Vec<i64> = starts
-        .iter()
-        .map(|start| Ok(start.wrapping_add(r.signed()?)))
-        .collect::<Result<_, StoreError>>()?;
-    let budgets: Vec<Option<f64>> = (0..n)
-        .map(|_| match r.byte()? {
-            0 => Ok(None),
-            _ => r
-                .bytes(8)
-                .map(|b| Some(f64::from_le_bytes(b.try_into().expect("8 bytes")))),
-        })
-        .collect::<Result<_, _>>()?;
-    let sources: Vec<Option<String>> = (0..n)
-        .map(|_| r.optional_text())
-        .collect::<Result<_, _>>()?;
-    let mut texts: Vec<Vec<String>> = Vec::with_capacity(TEXT_COLUMNS);
-    for _ in 0..TEXT_COLUMNS {
-        texts.push((0..n).map(|_| r.text()).collect::<Result<_, _>>()?);
-    }
-    if r.at != frame.len() {
-        return Err(StoreError::Corrupt("span block: trailing bytes".into()));
-    }
-    let mut texts = texts.into_iter().map(Vec::into_iter).collect::<Vec<_>>();
-    let mut next = |column: usize| texts[column].next().unwrap_or_default();
-    let mut rows = Vec::with_capacity(n);
-    for (i, (((span_id, parent_span_id), budget_source), (kind, status_code))) in span_ids
-        .into_iter()
-        .zip(parents)
-        .zip(sources)
-        .zip(kinds)
-        .enumerate()
-    {
-        rows.push(StoredRow {
+    let c = Columns::parse(frame)?;
+    let text = |column: usize, i: usize| c.texts[column][i].to_string();
+    Ok((0..c.span_ids.len())
+        .map(|i| StoredRow {
             trace_id: trace_id.to_vec(),
-            span_id,
-            parent_span_id,
-            service: next(0),
-            name: next(1),
-            kind,
-            start_unix_nano: starts[i],
-            end_unix_nano: ends[i],
-            status_code,
-            status_message: next(2),
-            budget_ms: budgets[i],
-            budget_source,
-            attributes: next(3),
-            resource: next(4),
-            details: next(5),
-        });
-    }
-    Ok(rows)
+            span_id: c.span_ids[i].to_vec(),
+            parent_span_id: c.parents[i].map(<[u8]>::to_vec),
+            service: text(0, i),
+            name: text(1, i),
+            kind: c.kinds[i].0,
+            start_unix_nano: c.starts[i],
+            end_unix_nano: c.ends[i],
+            status_code: c.kinds[i].1,
+            status_message: text(2, i),
+            budget_ms: c.budgets[i],
+            budget_source: c.sources[i].map(str::to_string),
+            attributes: text(3, i),
+            resource: text(4, i),
+            details: text(5, i),
+        })
+        .collect())
 }
 
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
@@ -599,15 +629,15 @@ impl<'a> Reader<'a> {
         Ok(((value >> 1) as i64) ^ -((value & 1) as i64))
     }
 
-    fn text(&mut self) -> Result<String, StoreError> {
+    fn text(&mut self) -> Result<&'a str, StoreError> {
         let len = self.varint()?;
         let len = usize::try_from(len)
             .map_err(|_| StoreError::Corrupt("span block: bad length".into()))?;
-        String::from_utf8(self.bytes(len)?.to_vec())
+        std::str::from_utf8(self.bytes(len)?)
             .map_err(|e| StoreError::Corrupt(format!("span block: {e}")))
     }
 
-    fn optional_text(&mut self) -> Result<Option<String>, StoreError> {
+    fn optional_text(&mut self) -> Result<Option<&'a str>, StoreError> {
         match self.byte()? {
             0 => Ok(None),
             _ => self.text().map(Some),
@@ -695,6 +725,11 @@ mod tests {
         for (a, b) in rows.iter().zip(&back) {
             assert!(same(a, b), "row {:?} came back changed", a.span_id);
         }
+        let attributes: Vec<(Vec<u8>, String)> = rows
+            .iter()
+            .map(|r| (r.span_id.clone(), r.attributes.clone()))
+            .collect();
+        assert_eq!(stored.attributes().unwrap(), attributes);
     }
 
     #[test]

@@ -315,7 +315,9 @@ where
         // limit is reached or no summary is left.
         let mut found = Vec::new();
         let mut page = query.clone();
-        page.limit = query.limit.clamp(ATTR_PAGE, 1_000);
+        // As many as asked for first (most searches find them there), then twice as many
+        // each time, so a rare attribute costs few round trips.
+        page.limit = query.limit.clamp(FIRST_ATTR_PAGE, MAX_ATTR_PAGE);
         loop {
             let summaries = search_page(&self.backend, &page).await?;
             let full = summaries.len() >= page.limit as usize;
@@ -336,6 +338,7 @@ where
             if !full {
                 return Ok(found);
             }
+            page.limit = (page.limit * 2).min(MAX_ATTR_PAGE);
         }
     }
 
@@ -490,8 +493,10 @@ where
     q
 }
 
-/// Summaries a search asks for at a time while attribute filters look into their spans.
-const ATTR_PAGE: u32 = 200;
+/// Summaries a search asks for at a time while attribute filters look into their spans:
+/// at first, and at most.
+const FIRST_ATTR_PAGE: u32 = 20;
+const MAX_ATTR_PAGE: u32 = 1_000;
 
 /// One page of a search, attribute filters left aside.
 async fn search_page<B>(backend: &B, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>
@@ -545,9 +550,9 @@ where
     let blocks = read_blocks(backend, ids).await?;
     let mut in_blocks = HashSet::new();
     for block in blocks.values() {
-        for row in block.rows()? {
-            meet(&row.trace_id, &row.attributes);
-            in_blocks.insert((row.trace_id, row.span_id));
+        for (span_id, attributes) in block.attributes()? {
+            meet(&block.trace_id, &attributes);
+            in_blocks.insert((block.trace_id.clone(), span_id));
         }
     }
     for chunk in ids.chunks(IDS_PER_STATEMENT) {
