@@ -18,8 +18,10 @@
 //!   `operations` (service, name, kind, last seen) lists services without scanning spans.
 //! - `trace_blocks`: once analysed, a trace's rows move into one zstd-compressed block
 //!   (`blocks.rs`); every read of a trace's spans takes its block and its rows together,
-//!   the first copy of a span id winning, and the per-trace reads (outline, span list,
-//!   counts) and attribute filters are worked out in Rust over both.
+//!   the first copy of a span id winning. The per-trace reads of a trace with a block
+//!   (outline, span list, counts) are worked out in Rust over block and rows, of one
+//!   without (large traces stay rows) by the database, both held to the same answers by
+//!   the conformance suite; attribute filters always run in Rust.
 //! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
 //!   compressed JSON; summaries from before keep it as `hops` text);
 //!   `trace_terms`: an inverted index (term, start, trace) over services, operations,
