@@ -12,7 +12,7 @@ use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
 use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
-use super::spans::EncodedBatch;
+use super::rows::EncodedBatch;
 use crate::core::model::TraceId;
 
 /// A connection for one write, taken from the backend (`Backend::writer`) and given back

@@ -15,7 +15,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
-use super::spans::{SPAN_COLUMNS, StoredRow};
+use super::rows::{SPAN_COLUMNS, StoredRow};
 use super::summaries::push_list;
 use crate::core::model::{SpanId, TraceId};
 

@@ -50,9 +50,11 @@ pub mod query;
 mod queue;
 mod reported;
 mod rollup;
+mod rows;
 mod spans;
 pub mod sqlite;
 mod summaries;
+mod trace_scan;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -78,7 +80,7 @@ use query::{
 };
 pub use query::{DiskUsage, TraceSet};
 pub use rollup::stored_hop_samples;
-pub use spans::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
+pub use rows::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
 /// A (service, span name, kind) seen in stored spans.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use super::backend::{Backend, SqlStore, Writer as _};
 use super::edges::StoredEdge;
 use super::query::{Backlog, Cursor, DueQuery, StaleQuery, StoredSummary};
 use super::rollup::StoredRollup;
-use super::spans::decode_positions;
+use super::rows::decode_positions;
 use super::summaries::{Replace, stale_count, stale_query, write_summaries};
 use super::{AnalysisQueue, StoreError};
 use crate::core::analyze::AnalysisVersion;
