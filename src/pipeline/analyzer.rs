@@ -127,6 +127,13 @@ pub async fn compact_queued(
         }
     };
     options.metrics.record_compacted(&done);
+    tracing::debug!(
+        traces = done.traces,
+        spans = done.spans,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        waiting = options.compaction.len(),
+        "compacted analysed traces"
+    );
     Ok((done, started.elapsed()))
 }
 
