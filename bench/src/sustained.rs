@@ -429,38 +429,32 @@ async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>
             .map(|(text, packed)| stored_hop_samples(text, packed.as_deref()))
             .sum::<usize>() as i64
     };
-    let mut counted = Vec::new();
-    if url.starts_with("postgres") {
-        let pool = sqlx::PgPool::connect(url).await?;
-        for (what, expected, found) in pairs {
-            let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
-            let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
-            counted.push((what, expected, found));
-        }
-        let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
-        let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
-        counted.push((
-            "hop samples in summaries / requests in hop rollups",
-            expected,
-            found,
-        ));
-        pool.close().await;
-    } else {
-        let pool = sqlx::SqlitePool::connect(url).await?;
-        for (what, expected, found) in pairs {
-            let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
-            let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
-            counted.push((what, expected, found));
-        }
-        let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
-        let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
-        counted.push((
-            "hop samples in summaries / requests in hop rollups",
-            expected,
-            found,
-        ));
-        pool.close().await;
+    // The same reads on either database (sqlx's pools share no trait to be generic over).
+    macro_rules! count_on {
+        ($pool:expr) => {{
+            let pool = $pool;
+            let mut counted = Vec::new();
+            for (what, expected, found) in pairs {
+                let expected: i64 = sqlx::query_scalar(expected).fetch_one(&pool).await?;
+                let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
+                counted.push((what, expected, found));
+            }
+            let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
+            let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
+            counted.push((
+                "hop samples in summaries / requests in hop rollups",
+                expected,
+                found,
+            ));
+            pool.close().await;
+            counted
+        }};
     }
+    let counted = if url.starts_with("postgres") {
+        count_on!(sqlx::PgPool::connect(url).await?)
+    } else {
+        count_on!(sqlx::SqlitePool::connect(url).await?)
+    };
     Ok(counted)
 }
 

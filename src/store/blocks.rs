@@ -77,8 +77,9 @@ const LEVEL: i32 = 3;
 /// resource, details.
 const TEXT_COLUMNS: usize = 6;
 
-/// Span ids per `DELETE` of moved rows: within both databases' parameter limits.
-const IDS_PER_DELETE: usize = 500;
+/// Ids (of traces, or of a trace's moved spans) per statement: within both databases' parameter
+/// limits.
+const IDS_PER_STATEMENT: usize = 500;
 
 /// One stored block as read: the trace, its generation (what a rewrite compares), the
 /// text of its rows and the compressed frame.
@@ -146,7 +147,7 @@ where
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut blocks = HashMap::new();
-    for chunk in traces.chunks(IDS_PER_DELETE) {
+    for chunk in traces.chunks(IDS_PER_STATEMENT) {
         let mut q = blocks_of::<B::Db>(chunk);
         let rows: Vec<StoredBlock> = q.build_query_as().fetch_all(backend.reader()).await?;
         blocks.extend(rows.into_iter().map(|b| (b.trace_id.clone(), b)));
@@ -189,7 +190,7 @@ where
     let mut ids = traces.to_vec();
     ids.sort_unstable();
     ids.dedup();
-    for chunk in ids.chunks(IDS_PER_DELETE) {
+    for chunk in ids.chunks(IDS_PER_STATEMENT) {
         let mut old = read_blocks(backend, chunk).await?;
         // Rows in trace order; a trace past the limit is passed over (it stays rows).
         let mut q = QueryBuilder::<B::Db>::new(format!(
@@ -385,7 +386,7 @@ impl Rewrite {
         if written.is_none() {
             return Ok(false);
         }
-        for ids in self.moved.chunks(IDS_PER_DELETE) {
+        for ids in self.moved.chunks(IDS_PER_STATEMENT) {
             let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id = ");
             delete
                 .push_bind(self.trace_id.clone())

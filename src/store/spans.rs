@@ -133,9 +133,9 @@ where
         // A trace without a block (a large one, most often) is outlined by the database;
         // with one, in Rust over the block and its rows (the conformance suite holds the
         // two to the same answers).
-        if has_block(&self.backend, trace_id).await? {
+        if let Some(block) = block_of(&self.backend, trace_id).await? {
             let mut outline = OutlineScan::default();
-            scan_trace(&self.backend, trace_id, |row| outline.add(row)).await?;
+            scan_trace(&self.backend, trace_id, block, |row| outline.add(row)).await?;
             return Ok(outline.finish(trace_id));
         }
         let id = || trace_id.0.to_vec();
@@ -232,11 +232,7 @@ where
         // (the block's copy of a span id wins).
         let mut page: std::collections::BTreeMap<Vec<u8>, StoredRow> =
             rows.into_iter().map(|r| (r.span_id.clone(), r)).collect();
-        if let Some(block) = read_blocks(&self.backend, &[trace_id])
-            .await?
-            .into_values()
-            .next()
-        {
+        if let Some(block) = block_of(&self.backend, trace_id).await? {
             let after = after.map(|id| id.0.to_vec());
             for row in block.rows()? {
                 if after.as_ref().is_none_or(|after| row.span_id > *after) {
@@ -252,7 +248,7 @@ where
         trace_id: TraceId,
         query: &SpanListQuery<'_>,
     ) -> Result<Vec<Span>, StoreError> {
-        if !has_block(&self.backend, trace_id).await? {
+        let Some(block) = block_of(&self.backend, trace_id).await? else {
             let mut q = spans_of::<B::Db>(&[trace_id], "");
             push_find::<B>(&mut q, query.find);
             let order = match query.backwards {
@@ -278,11 +274,11 @@ where
                 spans.reverse();
             }
             return Ok(spans);
-        }
+        };
         let find = Find::new(query.find);
         let limit = query.limit as usize;
         let mut page = std::collections::BinaryHeap::new();
-        scan_trace(&self.backend, trace_id, |row| {
+        scan_trace(&self.backend, trace_id, block, |row| {
             if !find.matches(&row) {
                 return Ok(());
             }
@@ -314,7 +310,7 @@ where
         find: Option<&str>,
         before: Option<SpanPosition>,
     ) -> Result<SpanListCounts, StoreError> {
-        if !has_block(&self.backend, trace_id).await? {
+        let Some(block) = block_of(&self.backend, trace_id).await? else {
             let mut q = QueryBuilder::<B::Db>::new("SELECT count(*), coalesce(sum(CASE WHEN TRUE");
             push_find::<B>(&mut q, find);
             q.push(" THEN 1 ELSE 0 END), 0), coalesce(sum(CASE WHEN TRUE");
@@ -333,10 +329,10 @@ where
                 before: before.max(0) as u64,
                 first_start_unix_nano: first.map(|t| t.max(0) as u64),
             });
-        }
+        };
         let find = Find::new(find);
         let mut counts = SpanListCounts::default();
-        scan_trace(&self.backend, trace_id, |row| {
+        scan_trace(&self.backend, trace_id, block, |row| {
             counts.spans += 1;
             let at = position(&row);
             counts.first_start_unix_nano = Some(
@@ -637,19 +633,20 @@ where
         .push("))");
 }
 
-/// Whether the trace has a block: its per-trace reads then run in Rust over block and rows.
-async fn has_block<B>(backend: &B, trace_id: TraceId) -> Result<bool, StoreError>
+/// The trace's block, if it has one: its per-trace reads then run in Rust over block and
+/// rows (`scan_trace`), otherwise in the database.
+async fn block_of<B>(backend: &B, trace_id: TraceId) -> Result<Option<StoredBlock>, StoreError>
 where
     B: Backend,
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
-    for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
 {
-    let mut q = QueryBuilder::<B::Db>::new("SELECT count(*) FROM trace_blocks WHERE trace_id = ");
-    q.push_bind(trace_id.0.to_vec());
-    let (n,): (i64,) = q.build_query_as().fetch_one(backend.reader()).await?;
-    Ok(n > 0)
+    Ok(read_blocks(backend, &[trace_id])
+        .await?
+        .into_values()
+        .next())
 }
 
 /// Summaries a search asks for at a time while attribute filters look into their spans:
@@ -766,11 +763,12 @@ where
     Ok(all)
 }
 
-/// Calls `each` with every row of one trace (its block's, then its other rows, streamed),
+/// Calls `each` with every row of one trace (its `block`'s, then its other rows, streamed),
 /// holding at most one row of the database's at a time.
 async fn scan_trace<B>(
     backend: &B,
     trace_id: TraceId,
+    block: StoredBlock,
     mut each: impl FnMut(StoredRow) -> Result<(), StoreError> + Send,
 ) -> Result<(), StoreError>
 where
@@ -782,15 +780,9 @@ where
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut in_block = HashSet::new();
-    if let Some(block) = read_blocks(backend, &[trace_id])
-        .await?
-        .into_values()
-        .next()
-    {
-        for row in block.rows()? {
-            in_block.insert(row.span_id.clone());
-            each(row)?;
-        }
+    for row in block.rows()? {
+        in_block.insert(row.span_id.clone());
+        each(row)?;
     }
     let mut q = spans_of::<B::Db>(&[trace_id], "");
     let mut rows = q.build_query_as::<StoredRow>().fetch(backend.reader());
