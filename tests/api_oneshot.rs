@@ -54,7 +54,6 @@ async fn trace_search_and_hops_through_the_router() {
             held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
                 DEFAULT_LIMIT,
             )),
-            compaction: Default::default(),
         };
         assert_eq!(
             analysis_pass(store.as_ref(), &options)

@@ -230,7 +230,6 @@ async fn analyse_within(store: &dyn store::Store, pool: u64) {
         metrics: Default::default(),
         held: budgetscope::pipeline::held::HeldTraces::new(&memory),
         memory,
-        compaction: Default::default(),
     };
     while analysis_pass(store, &options).await.unwrap().more {}
 }

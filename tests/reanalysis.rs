@@ -30,7 +30,6 @@ fn analyzer(tolerance_ms: f64) -> AnalyzerOptions {
         metrics: Default::default(),
         memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         held: HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-        compaction: Default::default(),
     }
 }
 

@@ -267,16 +267,19 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
 
     for db in TestDb::all().await {
         let store = budgetscope::store::open(&db.url).await.unwrap();
-        // 1,050 traces: more than one pass of the analyzer (1,000 traces per pass).
-        let mut spans = Vec::new();
-        for id in 1..=1_050u32 {
-            let mut trace = trace(0, r#"edge server "GET /busy" 0 10 budget=100"#);
-            for span in &mut trace {
-                span.trace_id = TraceId::from_bytes(&u128::from(id).to_be_bytes()).unwrap();
+        let traces = |ids: std::ops::RangeInclusive<u32>| {
+            let mut spans = Vec::new();
+            for id in ids {
+                let mut trace = trace(0, r#"edge server "GET /busy" 0 10 budget=100"#);
+                for span in &mut trace {
+                    span.trace_id = TraceId::from_bytes(&u128::from(id).to_be_bytes()).unwrap();
+                }
+                spans.extend(trace);
             }
-            spans.extend(trace);
-        }
-        store.write_spans(&spans).await.unwrap();
+            spans
+        };
+        // 1,050 traces: more than one pass of the analyzer (1,000 traces per pass).
+        store.write_spans(&traces(1..=1_050)).await.unwrap();
         let options = AnalyzerOptions {
             quiet_period: Duration::ZERO,
             max_trace_wait: Duration::from_secs(300),
@@ -286,18 +289,42 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
             held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
                 DEFAULT_LIMIT,
             )),
-            compaction: Default::default(),
         };
         let always_saturated = || true;
         let stop = CancellationToken::new();
-        let done = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop)
+        let turn = Duration::MAX;
+        let done = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop, turn)
             .await
             .unwrap();
-        assert_eq!(done, 1_050, "{}: every trace summarised", db.backend);
-        let again = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop)
+        assert_eq!(
+            done.analysed, 1_050,
+            "{}: every trace summarised",
+            db.backend
+        );
+        assert!(!done.more, "{}", db.backend);
+        let again = analyze_quiet_traces(store.as_ref(), &options, &always_saturated, &stop, turn)
             .await
             .unwrap();
-        assert_eq!(again, 0, "{}: nothing left to summarise", db.backend);
+        assert_eq!(
+            again.analysed, 0,
+            "{}: nothing left to summarise",
+            db.backend
+        );
+        // A turn ends after its time with quiet traces left, which the next turn takes.
+        store.write_spans(&traces(1_051..=3_150)).await.unwrap();
+        let idle = || false;
+        let first = analyze_quiet_traces(store.as_ref(), &options, &idle, &stop, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(
+            first.more && first.analysed == 1_000,
+            "{}: {first:?}",
+            db.backend
+        );
+        let rest = analyze_quiet_traces(store.as_ref(), &options, &idle, &stop, turn)
+            .await
+            .unwrap();
+        assert_eq!((rest.analysed, rest.more), (1_100, false), "{}", db.backend);
     }
 }
 
@@ -326,7 +353,6 @@ async fn the_analyzer_works_in_smaller_passes_when_memory_is_short() {
             metrics: Default::default(),
             memory: memory.clone(),
             held: budgetscope::pipeline::held::HeldTraces::new(&memory),
-            compaction: Default::default(),
         };
         let mut passes = Vec::new();
         loop {

@@ -231,3 +231,51 @@ async fn near_max_disk_the_oldest_healthy_traces_go_first() {
         0
     );
 }
+
+/// A store from before compaction was queued in the database: its analysed traces still
+/// kept as rows wait for compaction once it is migrated, and only those.
+#[tokio::test]
+async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
+    use budgetscope::core::analyze::fixture;
+    use budgetscope::core::model::TraceId;
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let trace = |id: u128| {
+        let mut spans = fixture::parse(common::HEALTHY_CHAIN);
+        for span in &mut spans {
+            span.trace_id = TraceId::from_bytes(&id.to_be_bytes()).unwrap();
+        }
+        spans
+    };
+    // Two analysed traces, one not analysed yet.
+    store
+        .write_spans(&[trace(1), trace(2)].concat())
+        .await
+        .unwrap();
+    let options = AnalyzerOptions {
+        quiet_period: std::time::Duration::ZERO,
+        max_trace_wait: std::time::Duration::from_secs(300),
+        analyze: Default::default(),
+        metrics: Default::default(),
+        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+        held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+    };
+    while analysis_pass(store.as_ref(), &options).await.unwrap().more {}
+    store.write_spans(&trace(3)).await.unwrap();
+    drop(store);
+    // As it was before migration 22.
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "DROP TABLE compaction_due; DELETE FROM _sqlx_migrations WHERE version = 22;",
+        )
+        .unwrap();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    assert_eq!(store.compaction_waiting().await.unwrap(), 2);
+    let (done, taken) = store.compact_due(10, u64::MAX).await.unwrap();
+    assert_eq!((taken, done.traces), (2, 2));
+}

@@ -1730,3 +1730,81 @@ async fn a_compacted_trace_reads_as_it_did_as_rows() {
     })
     .await;
 }
+
+/// The traces the analyzer writes whole wait for compaction in the store, so a restart
+/// keeps them; they are taken oldest first and once. A trace too large to analyse does
+/// not wait; a late span's analysis makes its trace wait again; an entry whose trace
+/// retention deleted goes with nothing written.
+#[tokio::test]
+async fn analysed_traces_wait_for_compaction_in_the_store() {
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let store = store::open(&db.url).await.unwrap();
+        let (a_spans, a) = analysed_trace(21);
+        let (b_spans, b) = analysed_trace(22);
+        let (c_spans, mut c) = analysed_trace(23);
+        c.0.outcome = budgetscope::core::analyze::Outcome::TooLarge;
+        let all = [a_spans, b_spans, c_spans].concat();
+        store.write_spans(&all).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
+            .await
+            .unwrap();
+        store
+            .write_summaries(&[a.clone(), b.clone(), c.clone()], &marks)
+            .await
+            .unwrap();
+        assert_eq!(store.compaction_waiting().await.unwrap(), 2, "{backend}");
+        drop(store);
+
+        let store = store::open(&db.url).await.unwrap();
+        assert_eq!(
+            store.compaction_waiting().await.unwrap(),
+            2,
+            "{backend}: a restart keeps the wait"
+        );
+        let (first, taken) = store.compact_due(1, u64::MAX).await.unwrap();
+        assert_eq!((taken, first.traces, first.spans), (1, 1, 3), "{backend}");
+        let (rest, taken) = store.compact_due(10, u64::MAX).await.unwrap();
+        assert_eq!((taken, rest.traces, rest.spans), (1, 1, 3), "{backend}");
+        assert_eq!(store.compact_due(10, u64::MAX).await.unwrap().1, 0);
+        assert_eq!(store.compaction_waiting().await.unwrap(), 0, "{backend}");
+        let mut read = store.traces(&[a.0.trace_id, b.0.trace_id]).await.unwrap();
+        read.sort_by_key(|s| (s.trace_id, s.span_id));
+        let mut written = all[..6].to_vec();
+        written.sort_by_key(|s| (s.trace_id, s.span_id));
+        assert_eq!(read, written, "{backend}: the blocks hold every span");
+        // The too large trace is still rows: compacting it by hand finds them.
+        let by_hand = store.compact(&[c.0.trace_id], u64::MAX).await.unwrap();
+        assert_eq!(by_hand.spans, 3, "{backend}");
+
+        // A late span: its trace is analysed again, waits again and its row joins the block.
+        let late = span(21, 9, Some(1), "edge", "late", 60_000_000_000 + 40_000_000);
+        store
+            .write_spans(std::slice::from_ref(&late))
+            .await
+            .unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
+            .await
+            .unwrap();
+        store.write_summaries(&[a.clone()], &marks).await.unwrap();
+        assert_eq!(store.compaction_waiting().await.unwrap(), 1, "{backend}");
+        let (merged, taken) = store.compact_due(10, u64::MAX).await.unwrap();
+        assert_eq!((taken, merged.traces, merged.spans), (1, 1, 1), "{backend}");
+        assert_eq!(store.trace(a.0.trace_id).await.unwrap().len(), 4);
+
+        // Retention took the trace before its turn: the entry goes, nothing is written.
+        let (d_spans, d) = analysed_trace(24);
+        store.write_spans(&d_spans).await.unwrap();
+        let marks = store
+            .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
+            .await
+            .unwrap();
+        store.write_summaries(&[d], &marks).await.unwrap();
+        while store.delete_before(u64::MAX / 2, 1_000).await.unwrap() > 0 {}
+        let (nothing, taken) = store.compact_due(10, u64::MAX).await.unwrap();
+        assert_eq!((taken, nothing.traces), (1, 0), "{backend}");
+        assert_eq!(store.compaction_waiting().await.unwrap(), 0, "{backend}");
+    }
+}

@@ -104,7 +104,6 @@ async fn every_page_shows_the_budget_story() {
             held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
                 DEFAULT_LIMIT,
             )),
-            compaction: Default::default(),
         };
         assert_eq!(
             analysis_pass(store.as_ref(), &options)

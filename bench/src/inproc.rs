@@ -260,7 +260,6 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
                 budgetscope::pipeline::memory::DEFAULT_LIMIT,
             ),
         ),
-        compaction: Default::default(),
     };
     let mut traces = 0usize;
     let mut last_report = Instant::now();
@@ -279,9 +278,11 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         }
     }
     // The rows of analysed traces move into blocks, as a running server's analyzer does.
-    while !indexer.compaction.is_empty() {
-        budgetscope::pipeline::analyzer::compact_queued(store.as_ref(), &indexer).await?;
-    }
+    while budgetscope::pipeline::analyzer::compact_queued(store.as_ref(), &indexer)
+        .await?
+        .1
+        > 0
+    {}
     let index_seconds = started.elapsed().as_secs_f64();
 
     // 3. Queries through the router.

@@ -278,6 +278,7 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
     let sent = acked.load(Ordering::Relaxed);
     let reopened = store::open(&serve_url).await?;
     let stored = reopened.span_count().await?;
+    let to_compact = reopened.compaction_waiting().await?;
     drop(reopened);
     let counted = counted_once(&serve_url).await?;
 
@@ -354,6 +355,9 @@ pub async fn sustained(bench: SustainedBench) -> anyhow::Result<()> {
         during.last().map_or(0, |s| s.pending)
     );
     println!("| waiting traces' growth over the second half | {growth:+.0} traces/s |");
+    println!(
+        "| analysed traces whose rows still wait for compaction when the servers stopped | {to_compact} |"
+    );
     match drained_after {
         Some(seconds) => println!("| analysis drained after the load in | {seconds:.0} s |"),
         None => println!(

@@ -35,6 +35,7 @@ use crate::core::analyze::{AnalyzeOptions, Outcome, analyze};
 use crate::core::model::{Span, TraceId};
 use crate::pipeline::held::{HeldSpan, HeldTraces};
 use crate::pipeline::ingest::Ingestor;
+use crate::pipeline::lease::Lease;
 use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE, Reservation};
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
@@ -60,82 +61,38 @@ pub struct AnalyzerOptions {
     pub memory: Arc<MemoryBudget>,
     /// Committed spans held in memory: a trace whose spans are all there is not read back.
     pub held: Arc<HeldTraces>,
-    /// Traces analysed whole, waiting for their rows to move into blocks.
-    pub compaction: Arc<CompactionQueue>,
 }
 
-/// Trace ids waiting for compaction, at most: 8 MiB of ids, a minute and more of a saturating
-/// burst's traces; past it a trace stays rows (`budgetscope_traces_left_uncompacted_total`).
-const MAX_QUEUED_COMPACTIONS: usize = 500_000;
-
-/// Traces analysed whole whose rows are still to move into their blocks: the analyzer
-/// compacts them between passes while ingest is not saturated, so a burst's commits never
-/// wait behind compaction's reads and writes, which catch up when ingest eases. Held in
-/// memory only: a trace not compacted before a restart stays rows until retention.
-#[derive(Debug, Default)]
-pub struct CompactionQueue {
-    ids: std::sync::Mutex<std::collections::VecDeque<TraceId>>,
-}
-
-impl CompactionQueue {
-    /// Queues `ids`; returns how many found no room.
-    fn push(&self, ids: impl IntoIterator<Item = TraceId>) -> u64 {
-        let mut queue = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let mut dropped = 0;
-        for id in ids {
-            if queue.len() < MAX_QUEUED_COMPACTIONS {
-                queue.push_back(id);
-            } else {
-                dropped += 1;
-            }
-        }
-        dropped
-    }
-
-    /// Takes up to `n` ids, oldest first.
-    fn take(&self, n: usize) -> Vec<TraceId> {
-        let mut queue = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        let n = n.min(queue.len());
-        queue.drain(..n).collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Moves the rows of up to `WRITE_CHUNK` queued traces into their blocks; returns what it did.
+/// Moves the rows of up to `WRITE_CHUNK` traces waiting for compaction into their blocks
+/// (`Store::compact_due`); returns what it did, how many it took (0 when none waits) and
+/// how long it took.
 pub async fn compact_queued(
     store: &dyn Store,
     options: &AnalyzerOptions,
-) -> Result<(Compacted, Duration), StoreError> {
-    let ids = options.compaction.take(WRITE_CHUNK);
-    if ids.is_empty() {
-        return Ok((Compacted::default(), Duration::ZERO));
-    }
+) -> Result<(Compacted, usize, Duration), StoreError> {
     let started = Instant::now();
-    let done = match store.compact(&ids, max_trace_bytes(&options.memory)).await {
-        Ok(done) => done,
-        Err(error) => {
-            // They wait for the next turn.
-            options.compaction.push(ids);
-            return Err(error);
-        }
-    };
+    let (done, taken) = store
+        .compact_due(WRITE_CHUNK as u32, max_trace_bytes(&options.memory))
+        .await?;
     options.metrics.record_compacted(&done);
-    tracing::debug!(
-        traces = done.traces,
-        spans = done.spans,
-        ms = started.elapsed().as_secs_f64() * 1e3,
-        waiting = options.compaction.len(),
-        "compacted analysed traces"
-    );
-    Ok((done, started.elapsed()))
+    if taken > 0 {
+        tracing::debug!(
+            taken,
+            traces = done.traces,
+            spans = done.spans,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "compacted analysed traces"
+        );
+    }
+    Ok((done, taken, started.elapsed()))
 }
+
+/// The longest turn analysis takes while quiet traces keep coming, in poll intervals;
+/// compaction's turn after it is one: under a load that keeps analysis busy, compaction
+/// still has a fifth of the analyzer's time, and analysis the rest
+/// (`budgetscope-bench sustained --rate 40000`: the lag, and the traces still waiting for
+/// compaction at the end).
+const ANALYSIS_TURN: u32 = 4;
 
 /// While ingest is saturated, the analyzer rests this many times as long as its last pass
 /// took: it then has at most a tenth of the time until ingest eases (burst ingest beside
@@ -173,30 +130,41 @@ impl<F: Fn() -> bool + Sync> WriterLoad for F {
 
 /// Runs until `stop`. Passes yield to `ingest` whenever it is saturated:
 /// a span not yet committed can be lost (its exporter gives up), a trace not yet
-/// summarised only waits. After the traces quiet now, and while ingest is not saturated,
-/// it re-analyses stored traces analysed with other rules (`reanalysis.rs`) for at most
-/// one poll interval, so re-analysis never holds up new traces for long.
+/// summarised only waits. Analysis takes turns of at most `ANALYSIS_TURN` poll intervals
+/// while quiet traces keep coming; after each, while ingest is not saturated, the server
+/// holding `lease` compacts analysed traces (`compact_queued`) and then re-analyses stored
+/// traces analysed with other rules (`reanalysis.rs`), each for at most one poll interval,
+/// so neither holds up new traces for long and neither starves under a steady load.
 pub async fn run(
     store: Arc<dyn Store>,
     options: AnalyzerOptions,
     ingest: Arc<Ingestor>,
     reanalysis: Arc<Reanalysis>,
+    lease: Arc<Lease>,
     stop: CancellationToken,
 ) {
     let poll = (options.quiet_period / 2).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    // Whether the last turn ended with quiet traces left: the next starts at once.
+    let mut more = false;
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(poll) => {}
+        if !more {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(poll) => {}
+            }
         }
         // A fault of the database (`pipeline::health`) is logged once, there, not each poll.
-        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop).await {
-            Ok(0) => {}
-            Ok(traces) => {
-                ingest.health().observe(&Ok(()));
-                tracing::debug!(traces, "summarised quiet traces")
+        let turn = poll * ANALYSIS_TURN;
+        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop, turn).await {
+            Ok(turn) => {
+                more = turn.more;
+                if turn.analysed > 0 {
+                    ingest.health().observe(&Ok(()));
+                    tracing::debug!(traces = turn.analysed, "summarised quiet traces")
+                }
             }
             Err(error) => {
+                more = false;
                 let error = Err(error);
                 if !ingest.health().observe(&error)
                     && let Err(error) = error
@@ -205,15 +173,16 @@ pub async fn run(
                 }
             }
         }
-        // Then the rows of analysed traces move into blocks, for at most one poll interval.
+        if stop.is_cancelled() {
+            return;
+        }
+        // Then the rows of analysed traces move into blocks, for at most one poll interval,
+        // on one server at a time.
         let started = Instant::now();
-        while !options.compaction.is_empty()
-            && !ingest.saturated()
-            && !stop.is_cancelled()
-            && started.elapsed() < poll
-        {
+        while lease.held() && !ingest.saturated() && started.elapsed() < poll {
             match compact_queued(store.as_ref(), &options).await {
-                Ok((_, took)) => ingest.background_wrote(took),
+                Ok((_, 0, _)) => break,
+                Ok((_, _, took)) => ingest.background_wrote(took),
                 Err(error) => {
                     let error = Err(error);
                     if !ingest.health().observe(&error)
@@ -248,21 +217,37 @@ pub async fn run(
     }
 }
 
-/// Summarises every trace quiet now; returns how many. After each pass, while
-/// `writer` is saturated, rests `REST_PER_PASS` times the pass's duration.
+/// What one turn of `analyze_quiet_traces` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Turn {
+    /// Traces summarised (or found deleted).
+    pub analysed: usize,
+    /// The turn ended with quiet traces left.
+    pub more: bool,
+}
+
+/// Summarises traces quiet now, pass after pass, until none is left or `turn` has passed;
+/// returns how many. After each pass, while `writer` is saturated, rests `REST_PER_PASS`
+/// times the pass's duration.
 pub async fn analyze_quiet_traces(
     store: &dyn Store,
     options: &AnalyzerOptions,
     writer: &dyn WriterLoad,
     stop: &CancellationToken,
-) -> Result<usize, StoreError> {
-    let mut done = 0;
+    turn: Duration,
+) -> Result<Turn, StoreError> {
+    let began = Instant::now();
+    let mut done = Turn {
+        analysed: 0,
+        more: false,
+    };
     while !stop.is_cancelled() {
         let started = Instant::now();
         let pass = analysis_pass(store, options).await?;
         writer.background_wrote(pass.writing);
-        done += pass.analysed;
-        if !pass.more {
+        done.analysed += pass.analysed;
+        done.more = pass.more;
+        if !pass.more || began.elapsed() >= turn {
             break;
         }
         if writer.saturated() {
@@ -488,14 +473,7 @@ pub async fn analysis_pass(
     summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
     let written = summaries.len() as u64;
-    // Traces analysed whole are kept as blocks from now on; too large ones stay rows.
-    let compactable: Vec<TraceId> = summaries[too_large as usize..]
-        .iter()
-        .map(|(summary, _)| summary.trace_id)
-        .collect();
     let (deltas, writing) = write_in_chunks(store, summaries, marks).await?;
-    let left = options.compaction.push(compactable);
-    options.metrics.traces_left_uncompacted.inc_by(left);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),

@@ -1,5 +1,5 @@
 //! The lease on the work that must run on one server at a time when several share a
-//! database: retention, alert evaluation and notification delivery.
+//! database: retention, alert evaluation and notification delivery, compaction.
 //!
 //! Architecture invariant: a server does that work only while `Lease::held` says so, which
 //! is until `TERM − MARGIN` after it asked for its last successful renewal, by its own
@@ -84,11 +84,11 @@ impl Lease {
                 if held != before {
                     match held {
                         true => {
-                            tracing::info!(lease = self.name, holder = %self.holder, "this server now does the work of one server at a time (retention, alerts)")
+                            tracing::info!(lease = self.name, holder = %self.holder, "this server now does the work of one server at a time (retention, alerts, compaction)")
                         }
                         false => tracing::info!(
                             lease = self.name,
-                            "another server holds the lease; this one leaves retention and alerts to it"
+                            "another server holds the lease; this one leaves retention, alerts and compaction to it"
                         ),
                     }
                 }

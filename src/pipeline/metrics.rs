@@ -132,8 +132,6 @@ pub struct Metrics {
     spans_compacted: Counter,
     compacted_row_bytes: Counter,
     compacted_block_bytes: Counter,
-    /// Traces that found the compaction queue full: they stay rows.
-    pub traces_left_uncompacted: Counter,
     pub alert_evaluations: Counter,
     traces_deleted: Family<Deleted, Counter>,
     /// Seconds from a request's spans entering the ingest queue to their commit.
@@ -164,7 +162,6 @@ impl Default for Metrics {
             spans_compacted: Counter::default(),
             compacted_row_bytes: Counter::default(),
             compacted_block_bytes: Counter::default(),
-            traces_left_uncompacted: Counter::default(),
             alert_evaluations: Counter::default(),
             traces_deleted: Family::default(),
             commit_seconds: Histogram::new(
@@ -384,11 +381,6 @@ impl Metrics {
             self.compacted_block_bytes.clone(),
         );
         registry.register(
-            "traces_left_uncompacted",
-            "Analysed traces kept as rows because the compaction queue was full (a long saturating burst)",
-            self.traces_left_uncompacted.clone(),
-        );
-        registry.register(
             "alert_evaluations",
             "Evaluations of the alert rules this instance ran to the end (failed ones are logged)",
             self.alert_evaluations.clone(),
@@ -419,6 +411,11 @@ impl Metrics {
             if let Some(max) = disk.max_bytes {
                 registry.register("store_max_bytes", "--max-disk", gauge(max));
             }
+            registry.register(
+                "traces_waiting_compaction",
+                "Analysed traces whose span rows still wait to move into their compressed block (counted every minute)",
+                gauge(disk.traces_waiting_compaction),
+            );
         }
         registry.register(
             "ingest_commit_seconds",
@@ -502,6 +499,7 @@ mod tests {
                     in_use_bytes: Some(4096),
                 },
                 max_bytes: Some(1 << 30),
+                traces_waiting_compaction: 12,
             }),
         });
         for line in [
@@ -515,6 +513,7 @@ mod tests {
             "budgetscope_store_bytes 5000",
             "budgetscope_store_in_use_bytes 4096",
             "budgetscope_store_max_bytes 1073741824",
+            "budgetscope_traces_waiting_compaction 12",
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }

@@ -63,7 +63,7 @@ pub struct Status {
     /// `analysis_lag_s` is past a minute.
     pub behind: bool,
     /// This server holds the lease on the work one server does at a time (retention, alert
-    /// evaluation and delivery): with several servers on one database, one of them does.
+    /// evaluation and delivery, compaction): with several servers on one database, one of them does.
     pub holds_lease: bool,
     /// When this was measured, unix milliseconds.
     pub measured_unix_ms: u64,
@@ -81,6 +81,9 @@ pub struct Disk {
     pub usage: DiskUsage,
     /// `--max-disk`, when given.
     pub max_bytes: Option<u64>,
+    /// Analysed traces whose span rows still wait to move into their compressed block
+    /// (counted every `COUNT_EVERY`, with the spans).
+    pub traces_waiting_compaction: u64,
 }
 
 /// Measures the status and keeps the last measurement.
@@ -103,6 +106,8 @@ struct State {
     /// The last count of stored spans: (when, count, this process's committed spans then,
     /// whether no commit finished while it was counted).
     counted: Option<(Instant, u64, u64, bool)>,
+    /// The last count of traces waiting for compaction.
+    waiting_compaction: u64,
     /// When the lag was last logged, while it lasts.
     logged: Option<Instant>,
 }
@@ -152,21 +157,22 @@ impl Monitor {
         // kept only until a clean one replaces it (measured again at the next tick).
         let before = self.metrics.spans_stored.get();
         let count = match recount {
-            true => Some(self.store.span_count().await?),
+            true => Some((
+                self.store.span_count().await?,
+                self.store.compaction_waiting().await?,
+            )),
             false => None,
         };
         let committed = self.metrics.spans_stored.get();
         let wall = now_unix_nano();
         let quiet_before = wall.saturating_sub(self.quiet_period.as_nanos() as u64);
         let backlog = self.store.analysis_backlog(quiet_before).await?;
-        let disk = Disk {
-            usage: self.store.disk_usage().await?,
-            max_bytes: self.max_disk,
-        };
+        let usage = self.store.disk_usage().await?;
         let now = Instant::now();
         let analysed = self.metrics.traces_analysed.get();
         let mut state = self.lock();
-        if let Some(count) = count {
+        if let Some((count, waiting)) = count {
+            state.waiting_compaction = waiting;
             let clean = before == committed;
             if clean || state.counted.is_none_or(|(_, _, _, clean)| !clean) {
                 state.counted = Some((now, count, committed, clean));
@@ -205,7 +211,11 @@ impl Monitor {
             holds_lease: self.lease.as_ref().is_some_and(|lease| lease.held()),
             measured_unix_ms: wall / 1_000_000,
             reanalysis: self.reanalysis.as_ref().and_then(|r| r.progress()),
-            disk,
+            disk: Disk {
+                usage,
+                max_bytes: self.max_disk,
+                traces_waiting_compaction: state.waiting_compaction,
+            },
         };
         state.last = Some(status.clone());
         Ok(status)

@@ -16,7 +16,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
 use super::rows::{SPAN_COLUMNS, StoredRow};
-use super::summaries::push_list;
+use super::summaries::{delete_keyed, push_list};
 use crate::core::model::{SpanId, TraceId};
 
 /// The most a compressed value may expand to: far above any block or summary, so a
@@ -234,6 +234,69 @@ where
         write_rewrites(backend, &new, &mut done).await?;
     }
     Ok(done)
+}
+
+/// Moves the rows of up to `limit` traces waiting in `compaction_due`, oldest first, into
+/// their blocks (`compact`), then takes exactly those entries off (one queued again
+/// meanwhile by a late span's analysis stays); returns what it did and how many entries it
+/// took (0 when none waits). An entry whose trace has no rows left (retention, or a
+/// compaction before a crash) goes with nothing written.
+pub(crate) async fn compact_due<B>(
+    backend: &B,
+    limit: u32,
+    max_trace_bytes: u64,
+) -> Result<(Compacted, usize), StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
+{
+    let mut q = QueryBuilder::<B::Db>::new(
+        "SELECT trace_id, queued_unix_nano FROM compaction_due \
+         ORDER BY queued_unix_nano, trace_id LIMIT ",
+    );
+    q.push_bind(i64::from(limit));
+    let rows: Vec<(Vec<u8>, i64)> = q.build_query_as().fetch_all(backend.reader()).await?;
+    let due = rows
+        .into_iter()
+        .map(|(id, queued)| {
+            TraceId::from_bytes(&id)
+                .map(|id| (id, queued))
+                .map_err(|e| StoreError::Corrupt(format!("trace id waiting for compaction: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if due.is_empty() {
+        return Ok((Compacted::default(), 0));
+    }
+    let ids: Vec<TraceId> = due.iter().map(|(id, _)| *id).collect();
+    let done = compact(backend, &ids, max_trace_bytes).await?;
+    let mut writer = backend.writer().await?;
+    let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+    delete_keyed::<B::Db>(&mut tx, "compaction_due", "queued_unix_nano", &due).await?;
+    tx.commit().await?;
+    writer.done();
+    Ok((done, due.len()))
+}
+
+/// How many traces wait for compaction (`compact_due`).
+pub(crate) async fn compaction_waiting<B>(backend: &B) -> Result<u64, StoreError>
+where
+    B: Backend,
+    for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM compaction_due")
+        .fetch_one(backend.reader())
+        .await?;
+    Ok(count.max(0) as u64)
 }
 
 /// The rewrite of a trace read whole (`rows`, `bytes` of text), unless it has no rows or

@@ -355,6 +355,19 @@ pub trait Store:
         max_trace_bytes: u64,
     ) -> Result<Compacted, StoreError>;
 
+    /// Compacts up to `limit` of the traces the analyzer wrote whole (`write_summaries`)
+    /// and that still wait for it, oldest first, as `compact` does, and takes them off
+    /// the wait; returns what it did and how many it took (0 when none waits). The wait is
+    /// stored: a restart loses none of it.
+    async fn compact_due(
+        &self,
+        limit: u32,
+        max_trace_bytes: u64,
+    ) -> Result<(Compacted, usize), StoreError>;
+
+    /// How many analysed traces wait for `compact_due` (a count of the whole wait).
+    async fn compaction_waiting(&self) -> Result<u64, StoreError>;
+
     /// What the store takes on disk.
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError>;
 }

@@ -9,7 +9,9 @@ use futures_util::TryStreamExt as _;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::blocks::{Compacted, StoredBlock, compact, merge, read_blocks};
+use super::blocks::{
+    Compacted, StoredBlock, compact, compact_due, compaction_waiting, merge, read_blocks,
+};
 use super::query::{
     AttrFilter, Cursor, DiskUsage, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition,
     StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search,
@@ -480,6 +482,7 @@ where
     String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
@@ -567,6 +570,18 @@ where
         max_trace_bytes: u64,
     ) -> Result<Compacted, StoreError> {
         compact(&self.backend, traces, max_trace_bytes).await
+    }
+
+    async fn compact_due(
+        &self,
+        limit: u32,
+        max_trace_bytes: u64,
+    ) -> Result<(Compacted, usize), StoreError> {
+        compact_due(&self.backend, limit, max_trace_bytes).await
+    }
+
+    async fn compaction_waiting(&self) -> Result<u64, StoreError> {
+        compaction_waiting(&self.backend).await
     }
 
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {

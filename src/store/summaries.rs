@@ -14,10 +14,10 @@ use super::query::{
     SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, summary_upsert, terms,
 };
 use super::rollup::{StoredRollup, add_samples, apply_rollups, hourly, stored_hops};
-use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::{HopSample, Rollup};
 use crate::core::analyze::hops::{RollupKey, add_edges};
 use crate::core::analyze::summary::TraceSummary;
+use crate::core::analyze::{AnalysisVersion, Outcome};
 use crate::core::model::TraceId;
 
 /// Rows or keys per statement: within SQLite's 32,766 and Postgres's 65,535 parameters.
@@ -64,6 +64,9 @@ where
             .execute(&mut *conn)
             .await?;
     }
+    // The analyzer's traces analysed whole wait for compaction (`blocks::compact_due`);
+    // re-analysis reads traces that were.
+    let queue_compaction = matches!(replace, Replace::Marked(_));
     // The traces written, and those whose old contribution goes: with marks, every trace
     // whose mark this write cleared (also one whose spans are gone and that gets no summary).
     let (written, mut replaced) = match replace {
@@ -72,7 +75,8 @@ where
             // second finds its marks gone and writes nothing. A trace whose mark a late span
             // replaced is written too (one receiving spans all the time would never be) and
             // is analysed again; its old contribution goes either way.
-            let cleared = clear_marks::<B::Db>(conn, B::MARKS, analysed).await?;
+            let cleared =
+                delete_keyed::<B::Db>(conn, B::MARKS, "received_unix_nano", analysed).await?;
             let marked: HashSet<TraceId> = analysed.iter().map(|(id, _)| *id).collect();
             let uncleared: Vec<TraceId> = marked.difference(&cleared).copied().collect();
             let waiting = still_marked::<B::Db>(conn, B::MARKS, &uncleared).await?;
@@ -139,6 +143,24 @@ where
         add_samples(&mut deltas, hops, 1);
         add_edges(&mut edges, hops, 1);
     }
+    if queue_compaction {
+        let now = i64::try_from(crate::clock::now_unix_nano()).unwrap_or(i64::MAX);
+        let due: Vec<Vec<u8>> = traces
+            .iter()
+            .filter(|(summary, _)| summary.outcome != Outcome::TooLarge)
+            .map(|(summary, _)| summary.trace_id.0.to_vec())
+            .collect();
+        for chunk in due.chunks(CHUNK) {
+            let mut insert = QueryBuilder::<B::Db>::new(
+                "INSERT INTO compaction_due (queued_unix_nano, trace_id) ",
+            );
+            insert.push_values(chunk, |mut b, id| {
+                b.push_bind(now).push_bind(id.clone());
+            });
+            insert.push(" ON CONFLICT DO NOTHING");
+            insert.build().execute(&mut *conn).await?;
+        }
+    }
     let new_terms: Vec<(String, i64, Vec<u8>)> = traces
         .iter()
         .flat_map(|(summary, _)| {
@@ -180,12 +202,14 @@ where
     Ok(minutes)
 }
 
-/// Deletes the marks in `analysed` (trace, mark) that are still there; returns the traces
-/// whose marks it deleted.
-async fn clear_marks<DB: Database>(
+/// Deletes the rows of `table` keyed (`time`, trace_id) in `keys` (trace, time) that are
+/// still there (the analyzer's marks, traces waiting for compaction); returns the traces
+/// whose rows it deleted.
+pub(crate) async fn delete_keyed<DB: Database>(
     conn: &mut DB::Connection,
-    marks: &str,
-    analysed: &[(TraceId, i64)],
+    table: &str,
+    time: &str,
+    keys: &[(TraceId, i64)],
 ) -> Result<HashSet<TraceId>, StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -195,13 +219,12 @@ where
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let mut cleared = HashSet::new();
-    for chunk in analysed.chunks(CHUNK) {
-        // The list of times lets SQLite find the marks by its key's first column; on the
+    for chunk in keys.chunks(CHUNK) {
+        // The list of times lets SQLite find the rows by its key's first column; on the
         // pairs alone it scans the whole table.
-        let mut clear =
-            QueryBuilder::<DB>::new(format!("DELETE FROM {marks} WHERE received_unix_nano IN "));
+        let mut clear = QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE {time} IN "));
         push_list(&mut clear, chunk.iter().map(|(_, mark)| *mark));
-        clear.push(" AND (received_unix_nano, trace_id) IN (");
+        clear.push(format!(" AND ({time}, trace_id) IN ("));
         clear.push_values(chunk, |mut b, (id, mark)| {
             b.push_bind(*mark).push_bind(id.0.to_vec());
         });

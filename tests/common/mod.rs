@@ -511,16 +511,16 @@ pub async fn analyse_waiting(store: &dyn budgetscope::store::Store) {
         metrics: Default::default(),
         memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-        compaction: Default::default(),
     };
     while analysis_pass(store, &options).await.unwrap().more {}
     // And, as the analyzer does between passes, their rows move into blocks: the tests
     // then read analysed traces the way a running server keeps them.
-    while !options.compaction.is_empty() {
-        budgetscope::pipeline::analyzer::compact_queued(store, &options)
-            .await
-            .unwrap();
-    }
+    while budgetscope::pipeline::analyzer::compact_queued(store, &options)
+        .await
+        .unwrap()
+        .1
+        > 0
+    {}
 }
 
 /// A three-hop chain (fixture text) with no flag that ends in time: a healthy trace.
