@@ -87,11 +87,15 @@ pub async fn compact_queued(
     Ok((done, taken, started.elapsed()))
 }
 
-/// The longest turn analysis takes while quiet traces keep coming, in poll intervals;
-/// compaction's turn after it is one: under a load that keeps analysis busy, compaction
-/// still has a fifth of the analyzer's time, and analysis the rest
-/// (`budgetscope-bench sustained --rate 40000`: the lag, and the traces still waiting for
-/// compaction at the end).
+/// Analysis keeps pace while the trace waiting longest is at most this far past its
+/// quiet period. While quiet traces keep coming, analysis then takes turns of one poll
+/// interval and compaction of two; further behind, analysis takes up to `ANALYSIS_TURN`
+/// and compaction one, so the lag settles near `PACE` and compaction has what analysis
+/// leaves, a fifth of the analyzer's time at least (`budgetscope-bench sustained --rate
+/// 40000`: the lag, and the traces still waiting for compaction when the servers stop).
+const PACE: Duration = Duration::from_secs(3);
+
+/// The longest turn of analysis while it is behind `PACE`, in poll intervals.
 const ANALYSIS_TURN: u32 = 4;
 
 /// While ingest is saturated, the analyzer rests this many times as long as its last pass
@@ -130,11 +134,11 @@ impl<F: Fn() -> bool + Sync> WriterLoad for F {
 
 /// Runs until `stop`. Passes yield to `ingest` whenever it is saturated:
 /// a span not yet committed can be lost (its exporter gives up), a trace not yet
-/// summarised only waits. Analysis takes turns of at most `ANALYSIS_TURN` poll intervals
-/// while quiet traces keep coming; after each, while ingest is not saturated, the server
-/// holding `lease` compacts analysed traces (`compact_queued`) and then re-analyses stored
-/// traces analysed with other rules (`reanalysis.rs`), each for at most one poll interval,
-/// so neither holds up new traces for long and neither starves under a steady load.
+/// summarised only waits. Analysis takes turns while quiet traces keep coming (`PACE`);
+/// after each, while ingest is not saturated, the server holding `lease` compacts analysed
+/// traces (`compact_queued`) and then re-analyses stored traces analysed with other rules
+/// (`reanalysis.rs`) for at most one poll interval, so neither holds up new traces for
+/// long and neither starves under a steady load.
 pub async fn run(
     store: Arc<dyn Store>,
     options: AnalyzerOptions,
@@ -154,10 +158,13 @@ pub async fn run(
             }
         }
         // A fault of the database (`pipeline::health`) is logged once, there, not each poll.
-        let turn = poll * ANALYSIS_TURN;
-        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop, turn).await {
+        let mut compaction_turn = poll;
+        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop, poll).await {
             Ok(turn) => {
                 more = turn.more;
+                if turn.behind <= PACE {
+                    compaction_turn = 2 * poll;
+                }
                 if turn.analysed > 0 {
                     ingest.health().observe(&Ok(()));
                     tracing::debug!(traces = turn.analysed, "summarised quiet traces")
@@ -176,10 +183,9 @@ pub async fn run(
         if stop.is_cancelled() {
             return;
         }
-        // Then the rows of analysed traces move into blocks, for at most one poll interval,
-        // on one server at a time.
+        // Then the rows of analysed traces move into blocks, on one server at a time.
         let started = Instant::now();
-        while lease.held() && !ingest.saturated() && started.elapsed() < poll {
+        while lease.held() && !ingest.saturated() && started.elapsed() < compaction_turn {
             match compact_queued(store.as_ref(), &options).await {
                 Ok((_, 0, _)) => break,
                 Ok((_, _, took)) => ingest.background_wrote(took),
@@ -224,11 +230,13 @@ pub struct Turn {
     pub analysed: usize,
     /// The turn ended with quiet traces left.
     pub more: bool,
+    /// The last pass's `Pass::behind`.
+    pub behind: Duration,
 }
 
-/// Summarises traces quiet now, pass after pass, until none is left or `turn` has passed;
-/// returns how many. After each pass, while `writer` is saturated, rests `REST_PER_PASS`
-/// times the pass's duration.
+/// Summarises traces quiet now, pass after pass, until none is left, or `turn` has passed
+/// and analysis keeps `PACE`, or `ANALYSIS_TURN` turns have passed. After each pass, while
+/// `writer` is saturated, rests `REST_PER_PASS` times the pass's duration.
 pub async fn analyze_quiet_traces(
     store: &dyn Store,
     options: &AnalyzerOptions,
@@ -240,6 +248,7 @@ pub async fn analyze_quiet_traces(
     let mut done = Turn {
         analysed: 0,
         more: false,
+        behind: Duration::ZERO,
     };
     while !stop.is_cancelled() {
         let started = Instant::now();
@@ -247,7 +256,12 @@ pub async fn analyze_quiet_traces(
         writer.background_wrote(pass.writing);
         done.analysed += pass.analysed;
         done.more = pass.more;
-        if !pass.more || began.elapsed() >= turn {
+        done.behind = pass.behind;
+        let took = began.elapsed();
+        if !pass.more
+            || (took >= turn && pass.behind <= PACE)
+            || took >= turn.saturating_mul(ANALYSIS_TURN)
+        {
             break;
         }
         if writer.saturated() {
@@ -404,6 +418,9 @@ pub struct Pass {
     pub more: bool,
     /// How long its writes took (holding the database's writer).
     pub writing: Duration,
+    /// How long past its quiet period the trace that waited longest of those it took had
+    /// been quiet (zero when it took none): the analysis lag, as the pass saw it.
+    pub behind: Duration,
 }
 
 /// One pass: summarises up to `PASS_SIZE` quiet traces, as many as fit
@@ -428,9 +445,12 @@ pub async fn analysis_pass(
             analysed: 0,
             more: false,
             writing: Duration::ZERO,
+            behind: Duration::ZERO,
         });
     }
     let full_page = marks.len() >= PASS_SIZE as usize;
+    let oldest = marks.iter().map(|(_, mark)| *mark).min().unwrap_or(0);
+    let behind = Duration::from_nanos(cutoff.saturating_sub(oldest.max(0) as u64));
     // A trace marked by several commits comes with each of its marks.
     let mut ids: Vec<_> = marks.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
@@ -497,5 +517,6 @@ pub async fn analysis_pass(
         analysed: ids.len(),
         more: full_page || read.stopped_after.is_some(),
         writing,
+        behind,
     })
 }

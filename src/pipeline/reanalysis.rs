@@ -105,6 +105,7 @@ pub async fn reanalysis_pass(
         analysed: 0,
         more: false,
         writing: Duration::ZERO,
+        behind: Duration::ZERO,
     };
     if reanalysis.finished() {
         return Ok(nothing);
@@ -178,5 +179,6 @@ pub async fn reanalysis_pass(
         analysed: summaries.len(),
         more: true,
         writing,
+        behind: Duration::ZERO,
     })
 }
