@@ -372,20 +372,27 @@ fn outline_summary(outline: TraceOutline, options: &AnalyzeOptions) -> TraceSumm
     }
 }
 
-/// Traces whose summaries are written per transaction, at most. The write takes the one
-/// writer that ingest commits through: a pass's thousand traces in one transaction held
-/// exports behind it for hundreds of milliseconds, and in chunks ingest gets its turn
-/// between them, while larger chunks keep the analyzer's rollup merges few enough to keep
-/// pace (`budgetscope-bench sustained --rate 40000`, export p99 and lag).
+/// Traces whose summaries are written per transaction, at most, while analysis is behind
+/// `PACE`. The write takes the one writer that ingest commits through: a pass's thousand
+/// traces in one transaction held exports behind it for hundreds of milliseconds, and in
+/// chunks ingest gets its turn between them, while larger chunks keep the analyzer's
+/// rollup merges few enough to keep pace (`budgetscope-bench sustained --rate 40000`,
+/// export p99 and lag).
 const WRITE_CHUNK: usize = 250;
 
-/// Writes a pass's summaries and clears its marks, `WRITE_CHUNK` traces per transaction:
+/// Traces per transaction while analysis keeps `PACE`: each rollup merge is paid more
+/// often, for a shorter wait of the exports behind it (`budgetscope-bench ingest --rate
+/// 10000`, export p99).
+const PACED_WRITE_CHUNK: usize = 100;
+
+/// Writes a pass's summaries and clears its marks, `chunk` traces per transaction:
 /// each trace's summary, hop samples and marks in the same one. Returns the rollup deltas
 /// and how long the writes took.
 async fn write_in_chunks(
     store: &dyn Store,
     mut summaries: Vec<(TraceSummary, Vec<HopSample>)>,
     mut marks: Vec<(TraceId, i64)>,
+    chunk: usize,
 ) -> Result<(Vec<(RollupKey, Rollup)>, Duration), StoreError> {
     summaries.sort_unstable_by_key(|(summary, _)| summary.trace_id);
     marks.sort_unstable();
@@ -395,7 +402,7 @@ async fn write_in_chunks(
     ids.dedup();
     let (mut summaries, mut marks) = (summaries.as_slice(), marks.as_slice());
     let (mut deltas, mut writing) = (Vec::new(), Duration::ZERO);
-    for chunk in ids.chunks(WRITE_CHUNK) {
+    for chunk in ids.chunks(chunk) {
         let last = chunk[chunk.len() - 1];
         let (these, rest) =
             summaries.split_at(summaries.partition_point(|(s, _)| s.trace_id <= last));
@@ -493,7 +500,11 @@ pub async fn analysis_pass(
     summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
     let written = summaries.len() as u64;
-    let (deltas, writing) = write_in_chunks(store, summaries, marks).await?;
+    let chunk = match behind <= PACE {
+        true => PACED_WRITE_CHUNK,
+        false => WRITE_CHUNK,
+    };
+    let (deltas, writing) = write_in_chunks(store, summaries, marks, chunk).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),
