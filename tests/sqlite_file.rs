@@ -279,3 +279,49 @@ async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
     let (done, taken) = store.compact_due(10, u64::MAX).await.unwrap();
     assert_eq!((taken, done.traces), (2, 2));
 }
+
+/// A store from before search terms were kept by id: its index of terms is carried over,
+/// and searches driven by a term find the same traces.
+#[tokio::test]
+async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
+    use budgetscope::core::analyze::fixture;
+    use budgetscope::core::model::TraceId;
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let mut spans = Vec::new();
+    for id in 1..=3u128 {
+        let mut trace = fixture::parse(common::HEALTHY_CHAIN);
+        for span in &mut trace {
+            span.trace_id = TraceId::from_bytes(&id.to_be_bytes()).unwrap();
+        }
+        spans.extend(trace);
+    }
+    store.write_spans(&spans).await.unwrap();
+    common::analyse_waiting(store.as_ref()).await;
+    let query = TraceQuery {
+        service: Some("x".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let before = store.search_traces(&query).await.unwrap();
+    assert_eq!(before.len(), 3);
+    drop(store);
+    // As it was before migration 23: the term's text in every row.
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE old_terms (term TEXT NOT NULL, start_unix_nano INTEGER NOT NULL, \
+               trace_id BLOB NOT NULL, PRIMARY KEY (term, start_unix_nano, trace_id)) WITHOUT ROWID;
+             INSERT INTO old_terms SELECT s.term, t.start_unix_nano, t.trace_id \
+               FROM trace_terms t JOIN search_terms s ON s.id = t.term_id;
+             DROP TABLE trace_terms; DROP TABLE search_terms;
+             ALTER TABLE old_terms RENAME TO trace_terms;
+             DELETE FROM _sqlx_migrations WHERE version = 23;",
+        )
+        .unwrap();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    assert_eq!(store.search_traces(&query).await.unwrap(), before);
+}

@@ -1073,8 +1073,8 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
                     _ => format!("'\\x{hex}'::bytea"),
                 };
                 db.texts(&format!(
-                    "SELECT term || '@' || CAST(start_unix_nano AS TEXT) FROM trace_terms \
-                     WHERE trace_id = {blob} ORDER BY 1"
+                    "SELECT s.term || '@' || CAST(t.start_unix_nano AS TEXT) FROM trace_terms t \
+                     JOIN search_terms s ON s.id = t.term_id WHERE t.trace_id = {blob} ORDER BY 1"
                 ))
                 .await
             }

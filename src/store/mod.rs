@@ -24,9 +24,10 @@
 //!   the conformance suite; attribute filters always run in Rust.
 //! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
 //!   compressed JSON; summaries from before keep it as `hops` text);
-//!   `trace_terms`: an inverted index (term, start, trace) over services, operations,
-//!   flags and outcome. A search drives from its most selective term newest first and
-//!   stops at its limit; pagination is keyset on (start, trace id).
+//!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
+//!   flags and outcome, each term's text kept once in `search_terms`. A search drives from
+//!   its most selective term newest first and stops at its limit; pagination is keyset on
+//!   (start, trace id).
 //! - `hop_rollups`, `hop_rollups_hourly`: per (hop, minute or hour) counts and three
 //!   log-bucket histograms, merged by adding; a re-analysed trace's old contribution is
 //!   subtracted and the new one added in the summary's transaction (`summaries.rs`).

@@ -617,9 +617,9 @@ where
         Some(term) => {
             let mut q = QueryBuilder::new(format!(
                 "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
-                 WHERE t.term = "
+                 WHERE t.term_id = (SELECT id FROM search_terms WHERE term = "
             ));
-            q.push_bind(term);
+            q.push_bind(term).push(")");
             q
         }
         None => QueryBuilder::new(format!(

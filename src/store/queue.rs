@@ -34,6 +34,7 @@ where
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
@@ -99,6 +100,7 @@ where
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
 {
     /// One transaction of `summaries::write_summaries` on the backend's writer.

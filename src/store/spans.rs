@@ -483,6 +483,7 @@ where
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,

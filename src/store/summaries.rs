@@ -2,7 +2,7 @@
 //! once for both stores: summaries (each with its trace's hop samples), index terms, the
 //! rollup deltas and the cleared marks. Only the marks' table, the rollup chunk and the writers' lock differ.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Type};
 
@@ -51,6 +51,7 @@ where
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     String: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -170,12 +171,13 @@ where
                 .map(move |term| (term, start, summary.trace_id.0.to_vec()))
         })
         .collect();
+    let ids = term_ids::<B::Db>(conn, new_terms.iter().map(|(t, _, _)| t), true).await?;
     for chunk in new_terms.chunks(10 * CHUNK) {
         let mut insert = QueryBuilder::<B::Db>::new(
-            "INSERT INTO trace_terms (term, start_unix_nano, trace_id) ",
+            "INSERT INTO trace_terms (term_id, start_unix_nano, trace_id) ",
         );
         insert.push_values(chunk, |mut b, (term, start, id)| {
-            b.push_bind(term.clone())
+            b.push_bind(ids.get(term).copied().unwrap_or(0))
                 .push_bind(*start)
                 .push_bind(id.clone());
         });
@@ -382,6 +384,7 @@ where
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
+    for<'r> (String, i64): FromRow<'r, DB::Row>,
 {
     let mut operations =
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
@@ -444,6 +447,7 @@ where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
+    for<'r> (String, i64): FromRow<'r, DB::Row>,
 {
     for chunk in ids.chunks(CHUNK) {
         delete_terms::<DB>(conn, chunk).await?;
@@ -469,6 +473,7 @@ where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
+    for<'r> (String, i64): FromRow<'r, DB::Row>,
 {
     if ids.is_empty() {
         return Ok(());
@@ -489,21 +494,72 @@ where
                 .map(move |term| (term, start, id.clone()))
         })
         .collect();
+    // A term never stored has no rows to delete.
+    let ids = term_ids::<DB>(conn, keys.iter().map(|(t, _, _)| t), false).await?;
+    let keys: Vec<(i64, i64, Vec<u8>)> = keys
+        .into_iter()
+        .filter_map(|(term, start, id)| Some((*ids.get(&term)?, start, id)))
+        .collect();
     for chunk in keys.chunks(2 * CHUNK) {
-        // The list of terms lets the database find the rows by its key's first column; on
-        // the triples alone SQLite scans the whole table.
-        let distinct: std::collections::BTreeSet<&String> =
-            chunk.iter().map(|(t, _, _)| t).collect();
-        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term IN ");
-        push_list(&mut delete, distinct.into_iter().cloned());
-        delete.push(" AND (term, start_unix_nano, trace_id) IN (");
+        // The list of term ids lets the database find the rows by its key's first column;
+        // on the triples alone SQLite scans the whole table.
+        let distinct: BTreeSet<i64> = chunk.iter().map(|(t, _, _)| *t).collect();
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term_id IN ");
+        push_list(&mut delete, distinct);
+        delete.push(" AND (term_id, start_unix_nano, trace_id) IN (");
         delete.push_values(chunk, |mut b, (term, start, id)| {
-            b.push_bind(term.clone())
-                .push_bind(*start)
-                .push_bind(id.clone());
+            b.push_bind(*term).push_bind(*start).push_bind(id.clone());
         });
         delete.push(")");
         delete.build().execute(&mut *conn).await?;
     }
     Ok(())
+}
+
+/// The ids of `terms` in `search_terms` (each term's text is stored once; `trace_terms`
+/// refers to it), with those not there yet added when `add`. Only the missing ones are
+/// inserted: on Postgres each insert that conflicts would use up an identity value.
+async fn term_ids<'a, DB: Database>(
+    conn: &mut DB::Connection,
+    terms: impl Iterator<Item = &'a String>,
+    add: bool,
+) -> Result<HashMap<String, i64>, StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> (String, i64): FromRow<'r, DB::Row>,
+{
+    let terms: BTreeSet<&String> = terms.collect();
+    let terms: Vec<&String> = terms.into_iter().collect();
+    let mut ids = HashMap::new();
+    for chunk in terms.chunks(CHUNK) {
+        let find = |chunk: &[&String]| {
+            let mut q = QueryBuilder::<DB>::new("SELECT term, id FROM search_terms WHERE term IN ");
+            push_list(&mut q, chunk.iter().map(|t| t.to_string()));
+            q
+        };
+        let found: Vec<(String, i64)> = find(chunk).build_query_as().fetch_all(&mut *conn).await?;
+        ids.extend(found);
+        let missing: Vec<&String> = chunk
+            .iter()
+            .filter(|t| !ids.contains_key(t.as_str()))
+            .copied()
+            .collect();
+        if !add || missing.is_empty() {
+            continue;
+        }
+        let mut insert = QueryBuilder::<DB>::new("INSERT INTO search_terms (term) ");
+        insert.push_values(&missing, |mut b, term| {
+            b.push_bind(term.to_string());
+        });
+        insert.push(" ON CONFLICT (term) DO NOTHING");
+        insert.build().execute(&mut *conn).await?;
+        let found: Vec<(String, i64)> = find(&missing)
+            .build_query_as()
+            .fetch_all(&mut *conn)
+            .await?;
+        ids.extend(found);
+    }
+    Ok(ids)
 }
