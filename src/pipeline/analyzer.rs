@@ -12,9 +12,15 @@
 //! (`held.rs`; as many as the store counts, no repeated id) are not read back, the others
 //! are read whole in id order until the pass's memory reservation is used. It analyses them
 //! in one blocking task and writes summaries, index terms, hop contributions and rollup
-//! deltas, `WRITE_CHUNK` traces per transaction. On Postgres, servers sharing a database
-//! share the work: `due_traces` claims what it returns for `store::CLAIM` (`FOR UPDATE
-//! SKIP LOCKED`) and a server that dies leaves its claims to expire.
+//! deltas, `PACED_WRITE_CHUNK` or `WRITE_CHUNK` traces per transaction; the store queues
+//! the traces it analysed whole for compaction in the same transaction. On Postgres,
+//! servers sharing a database share the work: `due_traces` claims what it returns for
+//! `store::CLAIM` (`FOR UPDATE SKIP LOCKED`) and a server that dies leaves its claims to
+//! expire.
+//!
+//! Turns: analysis runs until no quiet trace is left or its turn ends (`PACE`); then the
+//! lease holder moves queued traces' rows into blocks (`compact_queued`) and re-analysis
+//! takes its turn, so that under a steady load each keeps a share.
 //!
 //! Ingest comes first at saturation: while `Ingestor::saturated` (ingest's own commits took
 //! most of the last half second, or a quarter of `--max-queued-spans` waits), the analyzer
