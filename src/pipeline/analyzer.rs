@@ -171,6 +171,11 @@ pub async fn run(
                 if turn.behind <= PACE {
                     compaction_turn = 2 * poll;
                 }
+                // A burst's commits never wait behind compaction, even when its load
+                // dips for a moment.
+                if turn.rested {
+                    compaction_turn = Duration::ZERO;
+                }
                 if turn.analysed > 0 {
                     ingest.health().observe(&Ok(()));
                     tracing::debug!(traces = turn.analysed, "summarised quiet traces")
@@ -238,6 +243,8 @@ pub struct Turn {
     pub more: bool,
     /// The last pass's `Pass::behind`.
     pub behind: Duration,
+    /// It rested because ingest was saturated: compaction then waits for a turn without.
+    pub rested: bool,
 }
 
 /// Summarises traces quiet now, pass after pass, until none is left, or `turn` has passed
@@ -255,6 +262,7 @@ pub async fn analyze_quiet_traces(
         analysed: 0,
         more: false,
         behind: Duration::ZERO,
+        rested: false,
     };
     while !stop.is_cancelled() {
         let started = Instant::now();
@@ -263,19 +271,21 @@ pub async fn analyze_quiet_traces(
         done.analysed += pass.analysed;
         done.more = pass.more;
         done.behind = pass.behind;
-        let took = began.elapsed();
-        if !pass.more
-            || (took >= turn && pass.behind <= PACE)
-            || took >= turn.saturating_mul(ANALYSIS_TURN)
-        {
+        if !pass.more {
             break;
         }
+        // The rest comes before the turn ends, so the next turn's first pass keeps it too.
         if writer.saturated() {
+            done.rested = true;
             let rest = (started.elapsed() * REST_PER_PASS).min(MAX_REST);
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(rest) => {}
             }
+        }
+        let took = began.elapsed();
+        if (took >= turn && pass.behind <= PACE) || took >= turn.saturating_mul(ANALYSIS_TURN) {
+            break;
         }
     }
     Ok(done)
