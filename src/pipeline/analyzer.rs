@@ -164,32 +164,23 @@ pub async fn run(
             }
         }
         // A fault of the database (`pipeline::health`) is logged once, there, not each poll.
-        let mut compaction_turn = poll;
-        match analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop, poll).await {
-            Ok(turn) => {
-                more = turn.more;
-                if turn.behind <= PACE {
-                    compaction_turn = 2 * poll;
-                }
-                // A burst's commits never wait behind compaction, even when its load
-                // dips for a moment.
-                if turn.rested {
-                    compaction_turn = Duration::ZERO;
-                }
-                if turn.analysed > 0 {
-                    ingest.health().observe(&Ok(()));
-                    tracing::debug!(traces = turn.analysed, "summarised quiet traces")
-                }
+        let turn =
+            analyze_quiet_traces(store.as_ref(), &options, ingest.as_ref(), &stop, poll).await;
+        let compaction_turn = match &turn {
+            // A burst's commits never wait behind compaction, even when its load dips for
+            // a moment.
+            Ok(turn) if turn.rested => Duration::ZERO,
+            Ok(turn) if turn.behind <= PACE => 2 * poll,
+            _ => poll,
+        };
+        more = turn.as_ref().is_ok_and(|turn| turn.more);
+        match turn {
+            Ok(turn) if turn.analysed > 0 => {
+                ingest.health().observe(&Ok(()));
+                tracing::debug!(traces = turn.analysed, "summarised quiet traces")
             }
-            Err(error) => {
-                more = false;
-                let error = Err(error);
-                if !ingest.health().observe(&error)
-                    && let Err(error) = error
-                {
-                    tracing::warn!(%error, "summarising traces failed; will try again")
-                }
-            }
+            Ok(_) => {}
+            Err(error) => report(&ingest, error, "summarising traces"),
         }
         if stop.is_cancelled() {
             return;
@@ -201,12 +192,7 @@ pub async fn run(
                 Ok((_, 0, _)) => break,
                 Ok((_, _, took)) => ingest.background_wrote(took),
                 Err(error) => {
-                    let error = Err(error);
-                    if !ingest.health().observe(&error)
-                        && let Err(error) = error
-                    {
-                        tracing::warn!(%error, "moving analysed traces into blocks failed; will try again");
-                    }
+                    report(&ingest, error, "moving analysed traces into blocks");
                     break;
                 }
             }
@@ -222,15 +208,21 @@ pub async fn run(
                 ingest.background_wrote(pass.writing);
             }
             if let Err(error) = pass {
-                let error = Err(error);
-                if !ingest.health().observe(&error)
-                    && let Err(error) = error
-                {
-                    tracing::warn!(%error, "re-analysing stored traces failed; will try again");
-                }
+                report(&ingest, error, "re-analysing stored traces");
                 break;
             }
         }
+    }
+}
+
+/// Logs that `what` failed and will be tried again, unless `pipeline::health` takes the
+/// error for a fault of the database, which it logs once itself.
+fn report(ingest: &Ingestor, error: StoreError, what: &str) {
+    let error = Err(error);
+    if !ingest.health().observe(&error)
+        && let Err(error) = error
+    {
+        tracing::warn!(%error, "{what} failed; will try again");
     }
 }
 
