@@ -193,6 +193,18 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         retention: None,
     };
     let day = Duration::from_secs(86_400);
+    if databases.is_postgres() {
+        // The time partitions a server's retention pass would have created over the day.
+        let plan = store::PartitionPlan {
+            healthy: day,
+            all: 7 * day,
+        };
+        let now = budgetscope::clock::now_unix_nano();
+        let hour = 3_600_000_000_000;
+        for hours_ago in (0..=27).rev().step_by(3) {
+            store.keep_partitions(plan, now - hours_ago * hour).await?;
+        }
+    }
 
     // 1. Spans, in chunks so memory stays flat.
     let started = Instant::now();

@@ -7,6 +7,7 @@
 mod ingest;
 mod inproc;
 mod reads;
+mod retention;
 mod sustained;
 
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ pub enum BenchCommand {
     /// Concurrent reads of one huge flat trace from a real server under --memory-limit:
     /// statuses, answer sizes and the server's peak anonymous memory per endpoint.
     Reads(ReadsBench),
+    /// Postgres: a day of analysed traces deleted row by row against a day's time
+    /// partitions dropped, on one store holding both days.
+    Retention(retention::RetentionBench),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -194,6 +198,7 @@ async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest(bench) => ingest::ingest(bench).await,
         BenchCommand::Sustained(bench) => sustained::sustained(bench).await,
         BenchCommand::Reads(bench) => reads::reads(bench).await,
+        BenchCommand::Retention(bench) => retention::retention(bench).await,
         BenchCommand::Query(bench) => inproc::query_bench(bench).await,
         BenchCommand::Ui(bench) => inproc::ui_bench(bench).await,
         BenchCommand::Receive(bench) => {

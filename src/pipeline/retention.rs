@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::lease::Lease;
 use crate::pipeline::metrics::{DeletedFor, Metrics};
-use crate::store::{Store, TraceSet};
+use crate::store::{PartitionPlan, Store, TraceSet};
 
 /// Spans deleted per retention transaction, so deletes never hold the writer for long.
 const RETENTION_BATCH: u32 = 5_000;
@@ -45,7 +45,16 @@ pub async fn run(
     let cutoff_of =
         |kept: Duration| crate::clock::now_unix_nano().saturating_sub(kept.as_nanos() as u64);
     let mut at_cap = false;
+    let mut partitions_failing = false;
+    let plan = PartitionPlan {
+        healthy: retention.healthy,
+        all: retention.all,
+    };
     loop {
+        // Postgres's time partitions first: what they drop, no row delete has to.
+        if lease.held() {
+            partitions_failing = keep_partitions(store.as_ref(), plan, partitions_failing).await;
+        }
         let cutoff = cutoff_of(retention.all);
         let deleted = in_batches(&lease, &stop, RETENTION_BATCH, "old spans", || {
             store.delete_before(cutoff, RETENTION_BATCH)
@@ -78,6 +87,35 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// One pass over Postgres's time partitions (`Store::keep_partitions`); returns whether
+/// it failed, which is warned about once (`failing`) until a pass succeeds: a database
+/// role that may not create tables fails every pass the same way.
+async fn keep_partitions(store: &dyn Store, plan: PartitionPlan, failing: bool) -> bool {
+    match store
+        .keep_partitions(plan, crate::clock::now_unix_nano())
+        .await
+    {
+        Ok(kept) => {
+            if kept.dropped > 0 || kept.created > 0 || failing {
+                tracing::info!(
+                    created = kept.created,
+                    dropped = kept.dropped,
+                    "retention kept the time partitions: created those ahead, dropped the expired"
+                );
+            }
+            false
+        }
+        Err(error) if !failing => {
+            tracing::warn!(%error, "could not create or drop the time partitions; expired ones stay until this succeeds (the database role needs CREATE on its schema); will try again every pass");
+            true
+        }
+        Err(error) => {
+            tracing::debug!(%error, "the time partitions still fail");
+            true
         }
     }
 }

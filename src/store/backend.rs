@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
+use super::partitions::{PartitionPlan, PartitionsKept};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::EncodedBatch;
 use crate::core::model::TraceId;
 
@@ -48,6 +49,13 @@ pub trait Backend: Send + Sync + 'static {
     const SUBSTRING: &'static str;
     /// The aggregate that joins a group's texts with `|`: `group_concat` or `string_agg`.
     const JOIN_TEXT: &'static str;
+    /// Whether span blocks and search terms are partitioned by (healthy, start) and
+    /// so have a `healthy` column (Postgres, `partitions.rs`).
+    const PARTITIONED: bool;
+    /// Run first in a transaction that writes blocks, so that one compaction at a time
+    /// writes them (a block is no longer unique by trace id in a partitioned table); empty
+    /// where the database has one writer.
+    const COMPACTION_LOCK: &'static str;
 
     /// How many rows a statement changed (sqlx has no backend-neutral accessor).
     fn rows_affected(result: &<Self::Db as Database>::QueryResult) -> u64;
@@ -88,6 +96,21 @@ pub trait Backend: Send + Sync + 'static {
     /// statistics as the summaries grow).
     async fn summaries_written(&self, count: u64);
 
+    /// `Store::keep_partitions`.
+    async fn keep_partitions(
+        &self,
+        _plan: PartitionPlan,
+        _now_unix_nano: u64,
+    ) -> Result<PartitionsKept, StoreError> {
+        Ok(PartitionsKept::default())
+    }
+
+    /// The earliest start time a partition of traces of `set` holds: retention's row deletes
+    /// stop there, since dropping the partition takes what is past it.
+    async fn partitioned_from(&self, _set: TraceSet) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+
     /// Search: the condition "after `cursor`" on the alias `order`, newest first.
     fn push_after(q: &mut QueryBuilder<Self::Db>, order: &str, cursor: Cursor);
 }
@@ -100,5 +123,17 @@ pub struct SqlStore<B> {
 impl<B: Backend> SqlStore<B> {
     pub fn new(backend: B) -> SqlStore<B> {
         SqlStore { backend }
+    }
+
+    /// Retention's row deletes of traces of `set`: `cutoff`, but not past the earliest
+    /// time partition of the set, whose rows go when it is dropped (`partitions.rs`).
+    pub(crate) async fn traces_cutoff(
+        &self,
+        cutoff: u64,
+        set: TraceSet,
+    ) -> Result<i64, StoreError> {
+        let from = self.backend.partitioned_from(set).await?;
+        let cutoff = from.map_or(cutoff, |from| cutoff.min(from));
+        Ok(i64::try_from(cutoff).unwrap_or(i64::MAX))
     }
 }

@@ -15,6 +15,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
+use super::query::HEALTHY;
 use super::rows::{SPAN_COLUMNS, StoredRow};
 use super::summaries::{delete_keyed, push_list};
 use crate::core::model::{SpanId, TraceId};
@@ -336,6 +337,11 @@ where
     }
     let mut writer = backend.writer().await?;
     let mut tx = sqlx::Connection::begin(&mut *writer).await?;
+    if !B::COMPACTION_LOCK.is_empty() {
+        sqlx::query::<B::Db>(sqlx::AssertSqlSafe(B::COMPACTION_LOCK))
+            .execute(&mut *tx)
+            .await?;
+    }
     for rewrite in rewrites {
         if !rewrite.write::<B>(&mut tx).await? {
             continue;
@@ -407,12 +413,27 @@ impl Rewrite {
         i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
         for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     {
+        // Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
+        // summary's, written before the trace was queued for compaction (none left, as
+        // retention took it: a problem trace's, kept longer).
+        let push_class = |q: &mut QueryBuilder<B::Db>| {
+            if B::PARTITIONED {
+                q.push(format!(
+                    "COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
+                ))
+                .push_bind(self.trace_id.clone())
+                .push("), FALSE)");
+            }
+        };
+        let healthy_column = if B::PARTITIONED { ", healthy" } else { "" };
         let mut q = match self.generation {
             None => {
-                let mut q = QueryBuilder::<B::Db>::new(
+                // Not `ON CONFLICT`: a partitioned table has no key by trace id alone; the
+                // compaction lock keeps two writers from inserting at once.
+                let mut q = QueryBuilder::<B::Db>::new(format!(
                     "INSERT INTO trace_blocks (trace_id, start_unix_nano, span_count, \
-                     text_bytes, generation, block) VALUES (",
-                );
+                     text_bytes, generation, block{healthy_column}) SELECT "
+                ));
                 q.push_bind(self.trace_id.clone())
                     .push(", ")
                     .push_bind(self.start_unix_nano)
@@ -422,7 +443,11 @@ impl Rewrite {
                     .push_bind(self.text_bytes)
                     .push(", 0, ")
                     .push_bind(self.block.clone())
-                    .push(") ON CONFLICT (trace_id) DO NOTHING RETURNING trace_id");
+                    .push(if B::PARTITIONED { ", " } else { "" });
+                push_class(&mut q);
+                q.push(" WHERE NOT EXISTS (SELECT 1 FROM trace_blocks WHERE trace_id = ")
+                    .push_bind(self.trace_id.clone())
+                    .push(") RETURNING trace_id");
                 q
             }
             Some(generation) => {
@@ -437,7 +462,9 @@ impl Rewrite {
                     .push_bind(generation + 1)
                     .push(", block = ")
                     .push_bind(self.block.clone())
-                    .push(" WHERE trace_id = ")
+                    .push(if B::PARTITIONED { ", healthy = " } else { "" });
+                push_class(&mut q);
+                q.push(" WHERE trace_id = ")
                     .push_bind(self.trace_id.clone())
                     .push(" AND generation = ")
                     .push_bind(generation)

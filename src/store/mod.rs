@@ -46,6 +46,7 @@ mod blocks;
 mod edges;
 mod error;
 mod leases;
+pub mod partitions;
 pub mod postgres;
 pub mod query;
 mod queue;
@@ -74,6 +75,7 @@ pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
 pub use blocks::Compacted;
 pub use error::{Fault, StoreError};
+pub use partitions::{PartitionPlan, PartitionsKept};
 use query::{
     Backlog, Cursor, DueQuery, HistoryQuery, MetricsQuery, NotificationQuery, RollupQuery,
     SpanListCounts, SpanListQuery, SpanPosition, StaleQuery, TraceOutline, TraceQuery, TraceSize,
@@ -371,6 +373,15 @@ pub trait Store:
 
     /// What the store takes on disk.
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError>;
+
+    /// Retention on Postgres: drops the time partitions `plan`'s retentions are past and
+    /// creates those ahead of `now_unix_nano` (`partitions.rs`); nothing on SQLite, whose rows retention
+    /// deletes one by one.
+    async fn keep_partitions(
+        &self,
+        plan: PartitionPlan,
+        now_unix_nano: u64,
+    ) -> Result<PartitionsKept, StoreError>;
 }
 
 /// How long a trace one server's analyzer took is passed over by the others

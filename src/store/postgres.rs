@@ -13,7 +13,8 @@ use sqlx::QueryBuilder;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
+use super::partitions::{self, PartitionPlan, PartitionsKept};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
@@ -355,6 +356,8 @@ impl Backend for PostgresBackend {
         "UPDATE dirty_traces SET waiting_since = received_unix_nano WHERE trace_id IN ";
     const SUBSTRING: &'static str = "strpos";
     const JOIN_TEXT: &'static str = "string_agg(data, '|')";
+    const PARTITIONED: bool = true;
+    const COMPACTION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(7102456)";
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
         result.rows_affected()
@@ -454,6 +457,18 @@ impl Backend for PostgresBackend {
 
     async fn summaries_written(&self, count: u64) {
         self.refresh_statistics(count).await;
+    }
+
+    async fn keep_partitions(
+        &self,
+        plan: PartitionPlan,
+        now_unix_nano: u64,
+    ) -> Result<PartitionsKept, StoreError> {
+        partitions::keep(&self.pool, plan, now_unix_nano).await
+    }
+
+    async fn partitioned_from(&self, set: TraceSet) -> Result<Option<u64>, StoreError> {
+        partitions::partitioned_from(&self.pool, set).await
     }
 
     fn push_after(q: &mut QueryBuilder<Postgres>, order: &str, cursor: Cursor) {

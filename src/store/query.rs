@@ -461,6 +461,15 @@ pub(crate) fn encode_summary(
     })
 }
 
+/// What a healthy trace's summary holds: no flag (`flags` is then ","), and an outcome
+/// that is no problem (`TraceSet::Healthy`).
+pub(crate) const HEALTHY: &str = "flags = ',' AND outcome IN ('ok', 'no_budget')";
+
+/// Whether a trace is healthy, as `HEALTHY` says of its stored summary.
+pub(crate) fn is_healthy(summary: &TraceSummary) -> bool {
+    summary.flag_counts.is_empty() && matches!(summary.outcome, Outcome::Ok | Outcome::NoBudget)
+}
+
 /// (service, name) pairs as "\nSERVICE\tNAME\n…", so `operation_needle` finds one.
 fn encode_operations(operations: &[(String, String)]) -> String {
     operations

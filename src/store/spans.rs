@@ -13,9 +13,9 @@ use super::blocks::{
     Compacted, StoredBlock, compact, compact_due, compaction_waiting, merge, read_blocks,
 };
 use super::query::{
-    AttrFilter, Cursor, DiskUsage, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition,
-    StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin, finish_search,
-    start_search,
+    AttrFilter, Cursor, DiskUsage, HEALTHY, OUTLINE_NAMES, SpanListCounts, SpanListQuery,
+    SpanPosition, StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin,
+    finish_search, start_search,
 };
 use super::rollup::stored_hops;
 use super::rows::{
@@ -24,7 +24,7 @@ use super::rows::{
 };
 use super::summaries::{delete_summaries, delete_summaries_before, oldest_summaries, push_list};
 use super::trace_scan::{Find, OutlineScan, Ranked, position};
-use super::{Operation, SpanWriter, Store, StoreError, TraceReader};
+use super::{Operation, PartitionPlan, PartitionsKept, SpanWriter, Store, StoreError, TraceReader};
 use crate::core::analyze::Role;
 use crate::core::analyze::hops::HopSample;
 use crate::core::analyze::summary::TraceSummary;
@@ -510,6 +510,10 @@ where
 
     async fn delete_before(&self, cutoff_unix_nano: u64, limit: u32) -> Result<u64, StoreError> {
         let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
+        // Traces in a time partition go with it (`partitions.rs`).
+        let traces_cutoff = self
+            .traces_cutoff(cutoff_unix_nano, TraceSet::Analysed)
+            .await?;
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
         let mut deleted = B::delete_spans(&mut tx, cutoff, limit).await?;
@@ -518,7 +522,7 @@ where
              WHERE start_unix_nano < ",
         );
         blocks
-            .push_bind(cutoff)
+            .push_bind(traces_cutoff)
             .push(" LIMIT ")
             .push_bind(i64::from(limit))
             .push(") RETURNING span_count");
@@ -527,7 +531,7 @@ where
             .iter()
             .map(|(n,)| n.max(&0).unsigned_abs())
             .sum::<u64>();
-        delete_summaries_before::<B::Db>(&mut tx, cutoff, limit).await?;
+        delete_summaries_before::<B::Db>(&mut tx, cutoff, traces_cutoff, limit).await?;
         tx.commit().await?;
         writer.done();
         Ok(deleted)
@@ -539,7 +543,7 @@ where
         set: TraceSet,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let cutoff = i64::try_from(cutoff_unix_nano).unwrap_or(i64::MAX);
+        let cutoff = self.traces_cutoff(cutoff_unix_nano, set).await?;
         let limit = i64::from(limit).min(IDS_PER_STATEMENT as i64);
         let which = match set {
             TraceSet::Healthy => HEALTHY,
@@ -588,11 +592,15 @@ where
     async fn disk_usage(&self) -> Result<DiskUsage, StoreError> {
         self.backend.disk_usage().await
     }
-}
 
-/// What a healthy trace's summary holds: no flag (`flags` is then ","), and an outcome
-/// that is no problem.
-const HEALTHY: &str = "flags = ',' AND outcome IN ('ok', 'no_budget')";
+    async fn keep_partitions(
+        &self,
+        plan: PartitionPlan,
+        now_unix_nano: u64,
+    ) -> Result<PartitionsKept, StoreError> {
+        self.backend.keep_partitions(plan, now_unix_nano).await
+    }
+}
 
 /// The spans of `traces` (at most `IDS_PER_STATEMENT` of them), then `tail`.
 fn spans_of<DB: Database>(traces: &[TraceId], tail: &str) -> QueryBuilder<DB>

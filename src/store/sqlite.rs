@@ -680,6 +680,8 @@ impl Backend for SqliteBackend {
     const RESTART_WAIT: &'static str = "";
     const SUBSTRING: &'static str = "instr";
     const JOIN_TEXT: &'static str = "group_concat(data, '|')";
+    const PARTITIONED: bool = false;
+    const COMPACTION_LOCK: &'static str = "";
 
     fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
         result.rows_affected()

@@ -11,7 +11,8 @@ use super::backend::Backend;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
 use super::query::{
-    SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, summary_upsert, terms,
+    HEALTHY, SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, is_healthy,
+    summary_upsert, terms,
 };
 use super::rollup::{StoredRollup, add_samples, apply_rollups, hourly, stored_hops};
 use crate::core::analyze::hops::{HopSample, Rollup};
@@ -59,6 +60,7 @@ where
     i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    bool: for<'t> Encode<'t, B::Db> + Type<B::Db>,
 {
     if !B::WRITERS_LOCK.is_empty() {
         sqlx::query::<B::Db>(sqlx::AssertSqlSafe(B::WRITERS_LOCK))
@@ -139,6 +141,16 @@ where
             .build()
             .execute(&mut *conn)
             .await?;
+        if B::PARTITIONED {
+            // A block follows its trace into the time partition of its class (a late span
+            // or a re-analysis may change it; `partitions.rs`).
+            let mut moved = QueryBuilder::<B::Db>::new(format!(
+                "UPDATE trace_blocks b SET healthy = ({HEALTHY}) FROM trace_summaries s \
+                 WHERE s.trace_id = b.trace_id AND b.healthy <> ({HEALTHY}) AND b.trace_id IN "
+            ));
+            push_list(&mut moved, chunk.iter().map(|row| row.trace_id.clone()));
+            moved.build().execute(&mut *conn).await?;
+        }
     }
     for (_, hops) in &traces {
         add_samples(&mut deltas, hops, 1);
@@ -162,24 +174,29 @@ where
             insert.build().execute(&mut *conn).await?;
         }
     }
-    let new_terms: Vec<(String, i64, Vec<u8>)> = traces
+    let new_terms: Vec<(String, i64, Vec<u8>, bool)> = traces
         .iter()
         .flat_map(|(summary, _)| {
             let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
+            let healthy = is_healthy(summary);
             terms(summary)
                 .into_iter()
-                .map(move |term| (term, start, summary.trace_id.0.to_vec()))
+                .map(move |term| (term, start, summary.trace_id.0.to_vec(), healthy))
         })
         .collect();
-    let ids = term_ids::<B::Db>(conn, new_terms.iter().map(|(t, _, _)| t), true).await?;
-    for chunk in new_terms.chunks(10 * CHUNK) {
-        let mut insert = QueryBuilder::<B::Db>::new(
-            "INSERT INTO trace_terms (term_id, start_unix_nano, trace_id) ",
-        );
-        insert.push_values(chunk, |mut b, (term, start, id)| {
+    let ids = term_ids::<B::Db>(conn, new_terms.iter().map(|(t, _, _, _)| t), true).await?;
+    let healthy_column = if B::PARTITIONED { ", healthy" } else { "" };
+    for chunk in new_terms.chunks(8 * CHUNK) {
+        let mut insert = QueryBuilder::<B::Db>::new(format!(
+            "INSERT INTO trace_terms (term_id, start_unix_nano, trace_id{healthy_column}) "
+        ));
+        insert.push_values(chunk, |mut b, (term, start, id, healthy)| {
             b.push_bind(ids.get(term).copied().unwrap_or(0))
                 .push_bind(*start)
                 .push_bind(id.clone());
+            if B::PARTITIONED {
+                b.push_bind(*healthy);
+            }
         });
         insert.push(" ON CONFLICT DO NOTHING");
         insert.build().execute(&mut *conn).await?;
@@ -369,11 +386,12 @@ pub(crate) fn push_list<DB: Database, T>(
 }
 
 /// Retention's work after the spans, in the caller's transaction: operations not seen
-/// since `cutoff`, the oldest `limit` summaries that started before it with their index
-/// terms, and the rollups of minutes before it.
+/// since `cutoff`, the oldest `limit` summaries that started before `traces_cutoff` (at
+/// most `cutoff`) with their index terms, and the rollups of minutes before `cutoff`.
 pub(crate) async fn delete_summaries_before<DB: Database>(
     conn: &mut DB::Connection,
     cutoff: i64,
+    traces_cutoff: i64,
     limit: u32,
 ) -> Result<(), StoreError>
 where
@@ -390,7 +408,7 @@ where
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
-    let ids = oldest_summaries::<DB>(conn, "TRUE", cutoff, i64::from(limit)).await?;
+    let ids = oldest_summaries::<DB>(conn, "TRUE", traces_cutoff, i64::from(limit)).await?;
     delete_summaries::<DB>(conn, &ids).await?;
     for table in [
         "hop_rollups",
@@ -502,10 +520,14 @@ where
         .collect();
     for chunk in keys.chunks(2 * CHUNK) {
         // The list of term ids lets the database find the rows by its key's first column;
-        // on the triples alone SQLite scans the whole table.
+        // on the triples alone SQLite scans the whole table. The list of start times lets
+        // Postgres read only the time partitions that hold them.
         let distinct: BTreeSet<i64> = chunk.iter().map(|(t, _, _)| *t).collect();
+        let starts: BTreeSet<i64> = chunk.iter().map(|(_, start, _)| *start).collect();
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term_id IN ");
         push_list(&mut delete, distinct);
+        delete.push(" AND start_unix_nano IN ");
+        push_list(&mut delete, starts);
         delete.push(" AND (term_id, start_unix_nano, trace_id) IN (");
         delete.push_values(chunk, |mut b, (term, start, id)| {
             b.push_bind(*term).push_bind(*start).push_bind(id.clone());
