@@ -130,7 +130,10 @@ async fn postgres_keeps_traces_in_time_partitions_and_drops_them_whole() {
         1
     );
     assert!(store.trace(TraceId([0xa3; 16])).await.unwrap().is_empty());
-    assert!(homes(&db, "trace_terms", 0xa3).await.is_empty(), "its terms go too");
+    assert!(
+        homes(&db, "trace_terms", 0xa3).await.is_empty(),
+        "its terms go too"
+    );
 
     // A day after the first healthy partition ends, retention drops it in both tables, and
     // its row deletes may then take the trace's summary: the trace is gone, the problem
