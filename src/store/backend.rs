@@ -52,11 +52,6 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether span blocks and search terms are partitioned by (healthy, start) and
     /// so have a `healthy` column (Postgres, `partitions.rs`).
     const PARTITIONED: bool;
-    /// Where the search terms of the traces retention deletes row by row are: those stored
-    /// outside every time partition (Postgres: the default partition; the dropped
-    /// partitions took the rest, and a live one holds only traces retention keeps,
-    /// `SqlStore::traces_cutoff`).
-    const EXPIRED_TERMS: &'static str;
     /// Run first in a transaction that writes blocks, so that one compaction at a time
     /// writes them (a block is no longer unique by trace id in a partitioned table); empty
     /// where the database has one writer.

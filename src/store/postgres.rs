@@ -356,7 +356,6 @@ impl Backend for PostgresBackend {
         "UPDATE dirty_traces SET waiting_since = received_unix_nano WHERE trace_id IN ";
     const SUBSTRING: &'static str = "strpos";
     const JOIN_TEXT: &'static str = "string_agg(data, '|')";
-    const EXPIRED_TERMS: &'static str = "trace_terms_default";
     const PARTITIONED: bool = true;
     const COMPACTION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(7102456)";
 

@@ -680,7 +680,6 @@ impl Backend for SqliteBackend {
     const RESTART_WAIT: &'static str = "";
     const SUBSTRING: &'static str = "instr";
     const JOIN_TEXT: &'static str = "group_concat(data, '|')";
-    const EXPIRED_TERMS: &'static str = "trace_terms";
     const PARTITIONED: bool = false;
     const COMPACTION_LOCK: &'static str = "";
 

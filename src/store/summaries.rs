@@ -127,7 +127,7 @@ where
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
         }
-        delete_terms::<B::Db>(conn, chunk, "trace_terms").await?;
+        delete_terms::<B::Db>(conn, chunk).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
@@ -393,7 +393,6 @@ pub(crate) async fn delete_summaries_before<DB: Database>(
     cutoff: i64,
     traces_cutoff: i64,
     limit: u32,
-    terms_table: &str,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -410,7 +409,7 @@ where
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
     let ids = oldest_summaries::<DB>(conn, "TRUE", traces_cutoff, i64::from(limit)).await?;
-    delete_summaries::<DB>(conn, &ids, terms_table).await?;
+    delete_summaries::<DB>(conn, &ids).await?;
     for table in [
         "hop_rollups",
         "hop_rollups_hourly",
@@ -454,12 +453,10 @@ where
 }
 
 /// Deletes the summaries of the traces `ids` with their search terms (found from each
-/// summary, so first) in `terms_table` (`Backend::EXPIRED_TERMS`: retention deletes only
-/// traces whose terms no time partition holds).
+/// summary, so first).
 pub(crate) async fn delete_summaries<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
-    terms_table: &str,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -471,7 +468,7 @@ where
     for<'r> (String, i64): FromRow<'r, DB::Row>,
 {
     for chunk in ids.chunks(CHUNK) {
-        delete_terms::<DB>(conn, chunk, terms_table).await?;
+        delete_terms::<DB>(conn, chunk).await?;
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
         push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
         delete.build().execute(&mut *conn).await?;
@@ -486,7 +483,6 @@ where
 pub(crate) async fn delete_terms<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
-    table: &str,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -528,7 +524,7 @@ where
         // Postgres read only the time partitions that hold them.
         let distinct: BTreeSet<i64> = chunk.iter().map(|(t, _, _)| *t).collect();
         let starts: BTreeSet<i64> = chunk.iter().map(|(_, start, _)| *start).collect();
-        let mut delete = QueryBuilder::<DB>::new(format!("DELETE FROM {table} WHERE term_id IN "));
+        let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term_id IN ");
         push_list(&mut delete, distinct);
         delete.push(" AND start_unix_nano IN ");
         push_list(&mut delete, starts);
