@@ -182,7 +182,6 @@ pub fn analyze_bench(bench: &AnalyzeBench) {
 /// API through the real router (no network): server time per request.
 pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     use budgetscope::core::analyze::AnalyzeOptions;
-    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
     use tower::ServiceExt as _;
 
     let databases = BenchDatabases::new(&bench.db).await?;
@@ -257,44 +256,9 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         times[times.len() / 2]
     };
 
-    // 2. Summaries and rollups, through the background analyzer's pass.
+    // 2. Summaries and rollups, through the background analyzer's pass, then blocks.
     let started = Instant::now();
-    let indexer = AnalyzerOptions {
-        quiet_period: Duration::ZERO,
-        max_trace_wait: Duration::from_secs(300),
-        analyze: AnalyzeOptions::default(),
-        metrics: Default::default(),
-        memory: budgetscope::pipeline::memory::MemoryBudget::for_limit(
-            budgetscope::pipeline::memory::DEFAULT_LIMIT,
-        ),
-        held: budgetscope::pipeline::held::HeldTraces::new(
-            &budgetscope::pipeline::memory::MemoryBudget::for_limit(
-                budgetscope::pipeline::memory::DEFAULT_LIMIT,
-            ),
-        ),
-    };
-    let mut traces = 0usize;
-    let mut last_report = Instant::now();
-    loop {
-        let pass = analysis_pass(store.as_ref(), &indexer).await?;
-        traces += pass.analysed;
-        if last_report.elapsed() > Duration::from_secs(2) {
-            eprintln!(
-                "  summarised {traces} traces ({:.0} traces/s)",
-                traces as f64 / started.elapsed().as_secs_f64()
-            );
-            last_report = Instant::now();
-        }
-        if !pass.more {
-            break;
-        }
-    }
-    // The rows of analysed traces move into blocks, as a running server's analyzer does.
-    while budgetscope::pipeline::analyzer::compact_queued(store.as_ref(), &indexer)
-        .await?
-        .1
-        > 0
-    {}
+    let traces = crate::retention::analyse_all(store.as_ref()).await?;
     let index_seconds = started.elapsed().as_secs_f64();
 
     // 3. Queries through the router.

@@ -151,9 +151,10 @@ async fn fill(store: &dyn Store, spans: usize, day_end: u64) -> anyhow::Result<(
     Ok(())
 }
 
-/// Analyses every stored trace and compacts it, as the background analyzer does; returns
-/// the traces analysed.
-async fn analyse_all(store: &dyn Store) -> anyhow::Result<usize> {
+/// Analyses every stored trace with the background analyzer's pass, then moves the rows of
+/// analysed traces into blocks, as a running server's analyzer does; returns the traces
+/// analysed.
+pub async fn analyse_all(store: &dyn Store) -> anyhow::Result<usize> {
     let memory = MemoryBudget::for_limit(DEFAULT_LIMIT);
     let options = AnalyzerOptions {
         quiet_period: Duration::ZERO,
@@ -163,13 +164,17 @@ async fn analyse_all(store: &dyn Store) -> anyhow::Result<usize> {
         held: HeldTraces::new(&memory),
         memory,
     };
+    let started = Instant::now();
     let mut traces = 0;
     let mut report = Instant::now();
     loop {
         let pass = analysis_pass(store, &options).await?;
         traces += pass.analysed;
-        if report.elapsed() > Duration::from_secs(10) {
-            eprintln!("  analysed {traces} traces");
+        if report.elapsed() > Duration::from_secs(2) {
+            eprintln!(
+                "  summarised {traces} traces ({:.0} traces/s)",
+                traces as f64 / started.elapsed().as_secs_f64()
+            );
             report = Instant::now();
         }
         if !pass.more {
