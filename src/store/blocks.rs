@@ -416,10 +416,10 @@ impl Rewrite {
         // Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
         // summary's, written before the trace was queued for compaction (none left, as
         // retention took it: a problem trace's, kept longer).
-        let push_class = |q: &mut QueryBuilder<B::Db>| {
+        let push_class = |q: &mut QueryBuilder<B::Db>, before: &str| {
             if B::PARTITIONED {
                 q.push(format!(
-                    "COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
+                    "{before}COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
                 ))
                 .push_bind(self.trace_id.clone())
                 .push("), FALSE)");
@@ -442,9 +442,8 @@ impl Rewrite {
                     .push(", ")
                     .push_bind(self.text_bytes)
                     .push(", 0, ")
-                    .push_bind(self.block.clone())
-                    .push(if B::PARTITIONED { ", " } else { "" });
-                push_class(&mut q);
+                    .push_bind(self.block.clone());
+                push_class(&mut q, ", ");
                 q.push(" WHERE NOT EXISTS (SELECT 1 FROM trace_blocks WHERE trace_id = ")
                     .push_bind(self.trace_id.clone())
                     .push(") RETURNING trace_id");
@@ -461,9 +460,8 @@ impl Rewrite {
                     .push(", generation = ")
                     .push_bind(generation + 1)
                     .push(", block = ")
-                    .push_bind(self.block.clone())
-                    .push(if B::PARTITIONED { ", healthy = " } else { "" });
-                push_class(&mut q);
+                    .push_bind(self.block.clone());
+                push_class(&mut q, ", healthy = ");
                 q.push(" WHERE trace_id = ")
                     .push_bind(self.trace_id.clone())
                     .push(" AND generation = ")

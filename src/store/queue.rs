@@ -34,7 +34,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
@@ -101,7 +101,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
 {

@@ -51,7 +51,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -114,15 +114,18 @@ where
     // terms go.
     let mut deltas = BTreeMap::new();
     let mut edges = BTreeMap::new();
+    // The traces that had a summary: only they can have a block already.
+    let mut summarised = Vec::new();
     for chunk in replaced.chunks(CHUNK) {
         let ids = || chunk.iter().map(|id| id.0.to_vec());
         let mut old = QueryBuilder::<B::Db>::new(
-            "SELECT hops, packed_hops FROM trace_summaries WHERE trace_id IN ",
+            "SELECT trace_id, hops, packed_hops FROM trace_summaries WHERE trace_id IN ",
         );
         push_list(&mut old, ids());
-        let old: Vec<(String, Option<Vec<u8>>)> =
+        let old: Vec<(Vec<u8>, String, Option<Vec<u8>>)> =
             old.build_query_as().fetch_all(&mut *conn).await?;
-        for (hops, packed) in old {
+        for (id, hops, packed) in old {
+            summarised.push(id);
             let hops = stored_hops(&hops, packed.as_deref());
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
@@ -141,14 +144,16 @@ where
             .build()
             .execute(&mut *conn)
             .await?;
-        if B::PARTITIONED {
-            // A block follows its trace into the time partition of its class (a late span
-            // or a re-analysis may change it; `partitions.rs`).
+    }
+    if B::PARTITIONED {
+        // A block follows its trace into the time partition of its class (a late span or a
+        // re-analysis may change it; `partitions.rs`).
+        for chunk in summarised.chunks(CHUNK) {
             let mut moved = QueryBuilder::<B::Db>::new(format!(
                 "UPDATE trace_blocks b SET healthy = ({HEALTHY}) FROM trace_summaries s \
                  WHERE s.trace_id = b.trace_id AND b.healthy <> ({HEALTHY}) AND b.trace_id IN "
             ));
-            push_list(&mut moved, chunk.iter().map(|row| row.trace_id.clone()));
+            push_list(&mut moved, chunk.iter().cloned());
             moved.build().execute(&mut *conn).await?;
         }
     }
