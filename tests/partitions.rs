@@ -135,19 +135,27 @@ async fn postgres_keeps_traces_in_time_partitions_and_drops_them_whole() {
         "its terms go too"
     );
 
-    // A day after the first healthy partition ends, retention drops it in both tables, and
-    // its row deletes may then take the trace's summary: the trace is gone, the problem
+    // A day after the first healthy partition ends, retention drops it in both tables with
+    // its traces' summaries and any span stored since as a row, leaving its row deletes
+    // nothing: the trace is gone, the problem
     // trace of the same time and the next healthy one stay.
     let later = first + 3 * HOUR + DAY;
+    let mut late = trace(0xa1, first + HOUR, healthy).remove(0);
+    late.span_id = budgetscope::core::model::SpanId([0xee; 8]);
+    store.write_spans(&[late]).await.unwrap();
+    assert_eq!(
+        store.trace(TraceId([0xa1; 16])).await.unwrap().len(),
+        spans + 1
+    );
     let kept = store.keep_partitions(plan, later).await.unwrap();
-    assert_eq!(kept.dropped, 2, "{kept:?}");
+    assert_eq!((kept.dropped, kept.healthy_traces), (2, 1), "{kept:?}");
     assert!(store.trace(TraceId([0xa1; 16])).await.unwrap().is_empty());
     assert_eq!(
         store
             .delete_traces_before(later - DAY, TraceSet::Healthy, 500)
             .await
             .unwrap(),
-        1
+        0
     );
     assert_eq!(store.trace(TraceId([0xa2; 16])).await.unwrap().len(), spans);
     assert!(!store.trace(TraceId([0xa4; 16])).await.unwrap().is_empty());

@@ -1,7 +1,7 @@
 //! Retention: what the lease holder deletes, every minute or so — on Postgres first the
-//! time partitions of blocks and terms past their class's retention, whole — then, in
-//! bounded batches that give ingest a turn at the writer between them, spans older than
-//! `--retention`, healthy traces older than `--retention-healthy` and, near `--max-disk`,
+//! time partitions of blocks and terms past their class's retention, whole, after their
+//! traces' summaries — then, in bounded batches that give ingest a turn at the writer
+//! between them, spans older than `--retention`, healthy traces older than `--retention-healthy` and, near `--max-disk`,
 //! the oldest traces, healthy ones first. Hop and edge statistics stay for the whole
 //! `--retention` (docs/budget-semantics.md, "How long traces are kept").
 //!
@@ -54,7 +54,8 @@ pub async fn run(
     loop {
         // Postgres's time partitions first: what they drop, no row delete has to.
         if lease.held() {
-            partitions_failing = keep_partitions(store.as_ref(), plan, partitions_failing).await;
+            partitions_failing =
+                keep_partitions(store.as_ref(), plan, &metrics, partitions_failing).await;
         }
         let cutoff = cutoff_of(retention.all);
         let deleted = in_batches(&lease, &stop, RETENTION_BATCH, "old spans", || {
@@ -95,17 +96,26 @@ pub async fn run(
 /// One pass over Postgres's time partitions (`Store::keep_partitions`); returns whether
 /// it failed, which is warned about once (`failing`) until a pass succeeds: a database
 /// role that may not create tables fails every pass the same way.
-async fn keep_partitions(store: &dyn Store, plan: PartitionPlan, failing: bool) -> bool {
+async fn keep_partitions(
+    store: &dyn Store,
+    plan: PartitionPlan,
+    metrics: &Metrics,
+    failing: bool,
+) -> bool {
     match store
         .keep_partitions(plan, crate::clock::now_unix_nano())
         .await
     {
         Ok(kept) => {
+            if kept.healthy_traces > 0 {
+                metrics.traces_deleted(DeletedFor::RetentionHealthy, kept.healthy_traces);
+            }
             if kept.dropped > 0 || kept.created > 0 || failing {
                 tracing::info!(
                     created = kept.created,
                     dropped = kept.dropped,
-                    "retention kept the time partitions: created those ahead, dropped the expired"
+                    healthy_traces = kept.healthy_traces,
+                    "retention kept the time partitions: created those ahead, dropped the expired with their traces' summaries"
                 );
             }
             false

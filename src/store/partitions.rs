@@ -1,9 +1,10 @@
 //! Postgres keeps each trace's block and search terms in partitions by (healthy, start
 //! time) (migrations/postgres/0022), so retention drops a whole partition of expired
 //! traces where it would delete those rows one by one (`budgetscope-bench retention`);
-//! then it deletes their summaries, one row per trace, which stay unpartitioned so that a
-//! search finds each term's summary by its key (partitioned, every lookup reads every
-//! partition's index, and Postgres hashes and sorts a whole day for a page of results).
+//! their summaries, one row per trace, stay unpartitioned so that a search finds each term's
+//! summary by its key (partitioned, every lookup reads every partition's index, and Postgres
+//! hashes and sorts a whole day for a page of results), and go just before, by the same
+//! range and class, in batches.
 //!
 //! The retention pass (`Store::keep_partitions`) creates each class's partitions a little
 //! ahead of time and drops those whose whole range is older than the class's retention: a
@@ -21,7 +22,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use sqlx::postgres::PgPool;
 
 use super::StoreError;
-use super::query::TraceSet;
+use super::query::{HEALTHY, TraceSet};
 
 /// The partitioned tables.
 const TABLES: [&str; 2] = ["trace_terms", "trace_blocks"];
@@ -48,12 +49,18 @@ pub struct PartitionPlan {
     pub all: Duration,
 }
 
-/// What one `Store::keep_partitions` did (the traces' summaries go after, row by row).
+/// What one `Store::keep_partitions` did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PartitionsKept {
     pub created: u32,
     pub dropped: u32,
+    /// Healthy traces whose summaries went with their partitions.
+    pub healthy_traces: u64,
 }
+
+/// Summaries deleted per statement before their partition is dropped, so that no
+/// transaction holds many rows locked.
+const SUMMARIES_BATCH: i64 = 5_000;
 
 /// A class's partition width for `retention`: the widest of `WIDTHS_HOURS` at most an eighth
 /// of it; None under 8 h, where the class is not partitioned.
@@ -197,18 +204,25 @@ pub(crate) async fn keep(
     now: u64,
 ) -> Result<PartitionsKept, StoreError> {
     let mut kept = PartitionsKept::default();
+    let expired = |p: &Partition| {
+        let retention = if p.healthy { plan.healthy } else { plan.all };
+        p.to <= now.saturating_sub(u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX))
+    };
+    // The summaries first: a summary rewritten meanwhile writes its block and terms into
+    // the partition about to go, and is then deleted row by row with nothing left behind.
+    for partition in list(pool, "trace_blocks").await? {
+        if expired(&partition) {
+            let traces = delete_summaries_in(pool, &partition).await?;
+            if partition.healthy {
+                kept.healthy_traces += traces;
+            }
+        }
+    }
     for table in TABLES {
         let existing = list(pool, table).await?;
         let mut left = Vec::new();
         for partition in existing {
-            let retention = if partition.healthy {
-                plan.healthy
-            } else {
-                plan.all
-            };
-            let cutoff =
-                now.saturating_sub(u64::try_from(retention.as_nanos()).unwrap_or(u64::MAX));
-            if partition.to > cutoff {
+            if !expired(&partition) {
                 left.push(partition);
                 continue;
             }
@@ -226,6 +240,45 @@ pub(crate) async fn keep(
         }
     }
     Ok(kept)
+}
+
+/// Deletes the summaries of the traces `partition` of `trace_blocks` holds (its class and
+/// range), with any of their spans still stored as rows, in batches; returns how many.
+/// Their blocks and terms go with the partitions, so none is read or probed for.
+async fn delete_summaries_in(pool: &PgPool, partition: &Partition) -> Result<u64, StoreError> {
+    let (from, to) = (
+        i64::try_from(partition.from).unwrap_or(i64::MAX),
+        i64::try_from(partition.to).unwrap_or(i64::MAX),
+    );
+    let class = if partition.healthy {
+        HEALTHY.to_string()
+    } else {
+        format!("NOT ({HEALTHY})")
+    };
+    let delete = format!(
+        "DELETE FROM trace_summaries WHERE trace_id IN (SELECT trace_id FROM trace_summaries \
+         WHERE start_unix_nano >= $1 AND start_unix_nano < $2 AND {class} LIMIT $3) \
+         RETURNING trace_id"
+    );
+    let mut deleted = 0;
+    loop {
+        let mut tx = pool.begin().await?;
+        let ids: Vec<Vec<u8>> = sqlx::query_scalar(sqlx::AssertSqlSafe(delete.as_str()))
+            .bind(from)
+            .bind(to)
+            .bind(SUMMARIES_BATCH)
+            .fetch_all(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM spans WHERE trace_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        deleted += ids.len() as u64;
+        if (ids.len() as i64) < SUMMARIES_BATCH {
+            return Ok(deleted);
+        }
+    }
 }
 
 /// Drops one partition.
