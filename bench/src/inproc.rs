@@ -260,6 +260,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
     let started = Instant::now();
     let traces = crate::retention::analyse_all(store.as_ref()).await?;
     let index_seconds = started.elapsed().as_secs_f64();
+    scanner.analyse().await?;
 
     // 3. Queries through the router.
     let app = budgetscope::web::app(budgetscope::web::AppState::new(

@@ -381,4 +381,25 @@ impl RawScanner {
             .len(),
         })
     }
+
+    /// On Postgres, the planner statistics of the bench's tables, as autovacuum gathers them
+    /// within a minute of a load: without them, a just-filled and emptied spans table reads
+    /// as matching most of any list of trace ids, and is scanned whole.
+    async fn analyse(&self) -> anyhow::Result<()> {
+        if let RawScanner::Postgres(pool) = self {
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT c.relname::text FROM pg_class c \
+                 WHERE c.relnamespace = to_regnamespace(current_schema()) \
+                 AND c.relkind IN ('r', 'p') AND NOT c.relispartition",
+            )
+            .fetch_all(pool)
+            .await?;
+            for table in tables {
+                sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE \"{table}\"")))
+                    .execute(pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
 }
