@@ -1808,3 +1808,109 @@ async fn analysed_traces_wait_for_compaction_in_the_store() {
         assert_eq!(store.compaction_waiting().await.unwrap(), 0, "{backend}");
     }
 }
+
+/// Span blocks are compressed plainly until the store holds enough of them, then with a
+/// dictionary trained on them and stored once; every block reads back the same on a store
+/// opened later and, on Postgres, on another server of the database that had not loaded
+/// the dictionary yet.
+#[tokio::test]
+async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
+    let traces = |from: u32, n: u32| -> Vec<Span> {
+        (from..from + n)
+            .flat_map(|i| {
+                let id = TraceId((7u128 << 120 | u128::from(i)).to_be_bytes());
+                (1..=4u8).map(move |s| {
+                    let service =
+                        ["checkout", "inventory", "payments"][(i as usize + s as usize) % 3];
+                    let mut one = span(
+                        0,
+                        s,
+                        (s > 1).then_some(1),
+                        service,
+                        "POST /api/v1/orders/{id}",
+                        10_000 + u64::from(i) * 10 + u64::from(s),
+                    );
+                    one.trace_id = id;
+                    one.attributes = vec![
+                        (
+                            "http.request.method".into(),
+                            AttrValue::String("POST".into()),
+                        ),
+                        (
+                            "url.path".into(),
+                            AttrValue::String(format!("/api/v1/orders/{i}")),
+                        ),
+                        (
+                            "http.response.status_code".into(),
+                            AttrValue::Int(200 + i64::from(i % 5)),
+                        ),
+                    ];
+                    one
+                })
+            })
+            .collect()
+    };
+    let ids = |spans: &[Span]| -> Vec<TraceId> {
+        let mut ids: Vec<TraceId> = spans.iter().map(|s| s.trace_id).collect();
+        ids.dedup();
+        ids
+    };
+    for db in TestDb::all().await {
+        let backend = db.backend;
+        let store = store::open(&db.url).await.expect("store opens");
+        let other = if backend == "postgres" {
+            Some(store::open(&db.url).await.expect("a second server opens"))
+        } else {
+            None
+        };
+        let first = traces(0, 1_200);
+        store.write_spans(&first).await.unwrap();
+        let plain = store.compact(&ids(&first), u64::MAX).await.unwrap();
+        assert_eq!(plain.traces, 1_200, "{backend}");
+        assert_eq!(
+            db.texts("SELECT CAST(count(*) AS TEXT) FROM block_dictionaries")
+                .await,
+            ["1"],
+            "{backend}: one dictionary, trained once enough blocks were kept"
+        );
+        let later = traces(5_000, 100);
+        store.write_spans(&later).await.unwrap();
+        let packed = store.compact(&ids(&later), u64::MAX).await.unwrap();
+        assert_eq!(packed.traces, 100, "{backend}");
+        let per_trace = |c: budgetscope::store::Compacted| c.block_bytes / c.traces;
+        assert!(
+            per_trace(packed) * 2 < per_trace(plain),
+            "{backend}: {packed:?} against {plain:?}"
+        );
+        let all: Vec<TraceId> = [ids(&first)[..50].to_vec(), ids(&later)].concat();
+        let reads = every_read(store.as_ref(), &all).await;
+        if let Some(other) = other {
+            assert_eq!(
+                every_read(other.as_ref(), &all).await,
+                reads,
+                "{backend}: another server"
+            );
+        }
+        drop(store);
+        let reopened = store::open(&db.url).await.expect("store opens again");
+        assert_eq!(
+            every_read(reopened.as_ref(), &all).await,
+            reads,
+            "{backend}: reopened"
+        );
+        // The reopened store compresses with the stored dictionary, training none.
+        let again = traces(9_000, 100);
+        reopened.write_spans(&again).await.unwrap();
+        let more = reopened.compact(&ids(&again), u64::MAX).await.unwrap();
+        assert!(
+            per_trace(more) * 2 < per_trace(plain),
+            "{backend}: {more:?}"
+        );
+        assert_eq!(
+            db.texts("SELECT CAST(count(*) AS TEXT) FROM block_dictionaries")
+                .await,
+            ["1"],
+            "{backend}"
+        );
+    }
+}

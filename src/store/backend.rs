@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
+use super::dictionary::Dictionaries;
 use super::partitions::{PartitionPlan, PartitionsKept};
 use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::EncodedBatch;
@@ -118,13 +119,28 @@ pub trait Backend: Send + Sync + 'static {
 /// The store over backend `B`: what `store::open` returns, behind `dyn Store`.
 pub struct SqlStore<B> {
     pub(crate) backend: B,
+    /// What span blocks are compressed with (`dictionary.rs`).
+    pub(crate) dictionaries: Dictionaries,
+}
+
+impl<B: Backend> SqlStore<B>
+where
+    for<'c> &'c Pool<B::Db>: sqlx::Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: sqlx::IntoArguments<B::Db>,
+    for<'r> (i64, Vec<u8>): sqlx::FromRow<'r, <B::Db as Database>::Row>,
+{
+    /// The store over a connected, migrated backend, compressing with its newest dictionary.
+    pub async fn open(backend: B) -> Result<SqlStore<B>, StoreError> {
+        let store = SqlStore {
+            backend,
+            dictionaries: Dictionaries::default(),
+        };
+        store.dictionaries.load_newest(&store.backend).await?;
+        Ok(store)
+    }
 }
 
 impl<B: Backend> SqlStore<B> {
-    pub fn new(backend: B) -> SqlStore<B> {
-        SqlStore { backend }
-    }
-
     /// Retention's row deletes of traces of `set`: `cutoff`, but not past the earliest
     /// time partition of the set, whose rows go when it is dropped (`partitions.rs`).
     pub(crate) async fn traces_cutoff(

@@ -15,6 +15,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
+use super::dictionary::Dictionaries;
 use super::query::HEALTHY;
 use super::rows::{SPAN_COLUMNS, StoredRow};
 use super::summaries::{delete_keyed, push_list};
@@ -22,7 +23,7 @@ use crate::core::model::{SpanId, TraceId};
 
 /// The most a compressed value may expand to: far above any block or summary, so a
 /// damaged size field reads as damage instead of an allocation.
-const MAX_EXPANDED: u64 = 1 << 30;
+pub(crate) const MAX_EXPANDED: u64 = 1 << 30;
 
 thread_local! {
     // One zstd context per thread, reused: making one per value cost more than the
@@ -72,7 +73,7 @@ const FORMAT: u8 = 1;
 
 /// zstd's level: its default, which keeps compression cheap beside the analysis
 /// (`budgetscope-bench ingest --rate 10000`, the analyzer's write time).
-const LEVEL: i32 = 3;
+pub(crate) const LEVEL: i32 = 3;
 
 /// The text columns a frame holds, in order: service, name, status message, attributes,
 /// resource, details.
@@ -94,13 +95,16 @@ pub(crate) struct StoredBlock {
 
 impl StoredBlock {
     /// The block's rows, in the order they were written (start, then span id).
-    pub fn rows(&self) -> Result<Vec<StoredRow>, StoreError> {
-        decode(&self.trace_id, &decompress(&self.block)?)
+    pub fn rows(&self, dictionaries: &Dictionaries) -> Result<Vec<StoredRow>, StoreError> {
+        decode(&self.trace_id, &dictionaries.decompress(&self.block)?)
     }
 
     /// Each span's id and attribute text, without the rest of its row (attribute filters).
-    pub fn attributes(&self) -> Result<Vec<(Vec<u8>, String)>, StoreError> {
-        let frame = decompress(&self.block)?;
+    pub fn attributes(
+        &self,
+        dictionaries: &Dictionaries,
+    ) -> Result<Vec<(Vec<u8>, String)>, StoreError> {
+        let frame = dictionaries.decompress(&self.block)?;
         let c = Columns::parse(&frame)?;
         Ok(c.span_ids
             .iter()
@@ -135,9 +139,11 @@ where
     q
 }
 
-/// Reads the blocks of `traces` (any number), by trace id.
+/// Reads the blocks of `traces` (any number), by trace id, with the dictionaries they were
+/// compressed with.
 pub(crate) async fn read_blocks<B>(
     backend: &B,
+    dictionaries: &Dictionaries,
     traces: &[TraceId],
 ) -> Result<HashMap<Vec<u8>, StoredBlock>, StoreError>
 where
@@ -145,12 +151,17 @@ where
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut blocks = HashMap::new();
     for chunk in traces.chunks(IDS_PER_STATEMENT) {
         let mut q = blocks_of::<B::Db>(chunk);
         let rows: Vec<StoredBlock> = q.build_query_as().fetch_all(backend.reader()).await?;
+        dictionaries
+            .load_for(backend, rows.iter().map(|b| b.block.as_slice()))
+            .await?;
         blocks.extend(rows.into_iter().map(|b| (b.trace_id.clone(), b)));
     }
     Ok(blocks)
@@ -173,6 +184,7 @@ pub(crate) fn merge(block: Vec<StoredRow>, rows: Vec<StoredRow>) -> Vec<StoredRo
 /// since it was read (its generation moved) is left alone, and so are its rows.
 pub(crate) async fn compact<B>(
     backend: &B,
+    dictionaries: &Dictionaries,
     traces: &[TraceId],
     max_trace_bytes: u64,
 ) -> Result<Compacted, StoreError>
@@ -186,13 +198,14 @@ where
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut done = Compacted::default();
     let mut ids = traces.to_vec();
     ids.sort_unstable();
     ids.dedup();
     for chunk in ids.chunks(IDS_PER_STATEMENT) {
-        let mut old = read_blocks(backend, chunk).await?;
+        let mut old = read_blocks(backend, dictionaries, chunk).await?;
         // Rows in trace order; a trace past the limit is passed over (it stays rows).
         let mut q = QueryBuilder::<B::Db>::new(format!(
             "SELECT {SPAN_COLUMNS} FROM spans WHERE trace_id IN "
@@ -212,7 +225,8 @@ where
                     .is_none_or(|(id, _, _)| *id != row.trace_id)
             });
             if next_trace {
-                if let Some(rewrite) = finished(current.take(), &mut old, max_trace_bytes)? {
+                let trace = current.take();
+                if let Some(rewrite) = finished(trace, &mut old, max_trace_bytes, dictionaries)? {
                     pending += rewrite.held_bytes();
                     new.push(rewrite);
                 }
@@ -234,6 +248,10 @@ where
         drop(stream);
         write_rewrites(backend, &new, &mut done).await?;
     }
+    // The dictionary, once trained, is in the store before the next block uses it.
+    if let Err(error) = dictionaries.train_when_ready(backend).await {
+        tracing::warn!(%error, "could not train or store a compression dictionary for span blocks; they stay plainly compressed until a later try succeeds");
+    }
     Ok(done)
 }
 
@@ -244,6 +262,7 @@ where
 /// compaction before a crash) goes with nothing written.
 pub(crate) async fn compact_due<B>(
     backend: &B,
+    dictionaries: &Dictionaries,
     limit: u32,
     max_trace_bytes: u64,
 ) -> Result<(Compacted, usize), StoreError>
@@ -258,6 +277,7 @@ where
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut q = QueryBuilder::<B::Db>::new(
         "SELECT trace_id, queued_unix_nano FROM compaction_due \
@@ -277,7 +297,7 @@ where
         return Ok((Compacted::default(), 0));
     }
     let ids: Vec<TraceId> = due.iter().map(|(id, _)| *id).collect();
-    let done = compact(backend, &ids, max_trace_bytes).await?;
+    let done = compact(backend, dictionaries, &ids, max_trace_bytes).await?;
     let mut writer = backend.writer().await?;
     let mut tx = sqlx::Connection::begin(&mut *writer).await?;
     delete_keyed::<B::Db>(&mut tx, "compaction_due", "queued_unix_nano", &due).await?;
@@ -306,6 +326,7 @@ fn finished(
     trace: Option<(Vec<u8>, Vec<StoredRow>, u64)>,
     old: &mut HashMap<Vec<u8>, StoredBlock>,
     max_trace_bytes: u64,
+    dictionaries: &Dictionaries,
 ) -> Result<Option<Rewrite>, StoreError> {
     let Some((id, rows, bytes)) = trace else {
         return Ok(None);
@@ -315,7 +336,7 @@ fn finished(
     if rows.is_empty() || bytes + old_bytes > max_trace_bytes {
         return Ok(None);
     }
-    Rewrite::build(id, previous, rows).map(Some)
+    Rewrite::build(id, previous, rows, dictionaries).map(Some)
 }
 
 /// Writes `rewrites` in one transaction, adding what was written to `done`.
@@ -375,11 +396,12 @@ impl Rewrite {
         trace_id: Vec<u8>,
         previous: Option<StoredBlock>,
         rows: Vec<StoredRow>,
+        dictionaries: &Dictionaries,
     ) -> Result<Rewrite, StoreError> {
         let moved: Vec<Vec<u8>> = rows.iter().map(|r| r.span_id.clone()).collect();
         let moved_bytes = rows.iter().map(StoredRow::text_bytes).sum();
         let (generation, held) = match previous {
-            Some(block) => (Some(block.generation), block.rows()?),
+            Some(block) => (Some(block.generation), block.rows(dictionaries)?),
             None => (None, Vec::new()),
         };
         let mut all = merge(held, rows);
@@ -391,7 +413,7 @@ impl Rewrite {
             start_unix_nano: all.first().map_or(0, |r| r.start_unix_nano),
             span_count: all.len() as i64,
             text_bytes: i64::try_from(text_bytes).unwrap_or(i64::MAX),
-            block: encode(&all)?,
+            block: encode(&all, dictionaries)?,
             moved,
             moved_bytes,
         })
@@ -488,7 +510,10 @@ impl Rewrite {
 
 /// The frame of `rows` (one trace's), compressed: column by column, so that like values
 /// sit together (ids, then kinds, then starts as deltas, …, then each text column).
-pub(crate) fn encode(rows: &[StoredRow]) -> Result<Vec<u8>, StoreError> {
+pub(crate) fn encode(
+    rows: &[StoredRow],
+    dictionaries: &Dictionaries,
+) -> Result<Vec<u8>, StoreError> {
     let mut frame =
         Vec::with_capacity(rows.iter().map(StoredRow::text_bytes).sum::<u64>() as usize);
     frame.push(FORMAT);
@@ -547,7 +572,7 @@ pub(crate) fn encode(rows: &[StoredRow]) -> Result<Vec<u8>, StoreError> {
             put_text(&mut frame, text_column(row, column));
         }
     }
-    compress(&frame)
+    dictionaries.compress(&frame)
 }
 
 /// A frame's columns, borrowed from it (`encode`'s layout).
@@ -802,14 +827,15 @@ mod tests {
             row(3, i64::MAX - 10_000),
             row(4, 0),
         ];
-        let block = encode(&rows).unwrap();
+        let dictionaries = Dictionaries::default();
+        let block = encode(&rows, &dictionaries).unwrap();
         let stored = StoredBlock {
             trace_id: vec![7; 16],
             generation: 0,
             text_bytes: rows.iter().map(StoredRow::text_bytes).sum::<u64>() as i64,
             block,
         };
-        let back = stored.rows().unwrap();
+        let back = stored.rows(&dictionaries).unwrap();
         assert_eq!(back.len(), rows.len());
         for (a, b) in rows.iter().zip(&back) {
             assert!(same(a, b), "row {:?} came back changed", a.span_id);
@@ -818,14 +844,16 @@ mod tests {
             .iter()
             .map(|r| (r.span_id.clone(), r.attributes.clone()))
             .collect();
-        assert_eq!(stored.attributes().unwrap(), attributes);
+        assert_eq!(stored.attributes(&dictionaries).unwrap(), attributes);
     }
 
     #[test]
     fn a_damaged_block_is_an_error_not_a_panic() {
         let rows = vec![row(1, 1_000), row(2, 2_000)];
-        let frame_of =
-            |rows: &[StoredRow]| zstd::bulk::decompress(&encode(rows).unwrap(), 1 << 20).unwrap();
+        let dictionaries = Dictionaries::default();
+        let frame_of = |rows: &[StoredRow]| {
+            zstd::bulk::decompress(&encode(rows, &dictionaries).unwrap(), 1 << 20).unwrap()
+        };
         let frame = frame_of(&rows);
         for cut in 0..frame.len() {
             assert!(decode(&[7; 16], &frame[..cut]).is_err(), "cut at {cut}");
@@ -842,7 +870,10 @@ mod tests {
             text_bytes: 10,
             block: vec![1, 2, 3, 4],
         };
-        assert!(matches!(garbage.rows(), Err(StoreError::Corrupt(_))));
+        assert!(matches!(
+            garbage.rows(&dictionaries),
+            Err(StoreError::Corrupt(_))
+        ));
     }
 
     #[test]

@@ -21,7 +21,9 @@
 //!   the first copy of a span id winning. The per-trace reads of a trace with a block
 //!   (outline, span list, counts) are worked out in Rust over block and rows, of one
 //!   without (large traces stay rows) by the database, both held to the same answers by
-//!   the conformance suite; attribute filters always run in Rust.
+//!   the conformance suite; attribute filters always run in Rust. Blocks are compressed
+//!   with a zstd dictionary trained on the store's first ones (`block_dictionaries`,
+//!   `dictionary.rs`).
 //! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
 //!   compressed JSON; summaries from before keep it as `hops` text);
 //!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
@@ -43,6 +45,7 @@
 mod alerts;
 mod backend;
 mod blocks;
+mod dictionary;
 mod edges;
 mod error;
 mod leases;
@@ -392,12 +395,12 @@ pub const CLAIM: std::time::Duration = std::time::Duration::from_secs(30);
 /// Opens the store a database URL names and brings its schema up to date.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(SqlStore::new(
-            postgres::PostgresBackend::connect(url).await?,
-        )))
+        Ok(Arc::new(
+            SqlStore::open(postgres::PostgresBackend::connect(url).await?).await?,
+        ))
     } else {
-        Ok(Arc::new(SqlStore::new(
-            sqlite::SqliteBackend::connect(url).await?,
-        )))
+        Ok(Arc::new(
+            SqlStore::open(sqlite::SqliteBackend::connect(url).await?).await?,
+        ))
     }
 }

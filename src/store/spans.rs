@@ -12,6 +12,7 @@ use super::backend::{Backend, SqlStore, Writer as _};
 use super::blocks::{
     Compacted, StoredBlock, compact, compact_due, compaction_waiting, merge, read_blocks,
 };
+use super::dictionary::Dictionaries;
 use super::query::{
     AttrFilter, Cursor, DiskUsage, HEALTHY, OUTLINE_NAMES, SpanListCounts, SpanListQuery,
     SpanPosition, StoredSummary, TraceOutline, TraceQuery, TraceSet, TraceSize, TracesWithin,
@@ -68,9 +69,11 @@ where
     for<'r> (Vec<u8>, Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
-        let mut spans = decode_rows(rows_of(&self.backend, &[trace_id]).await?)?;
+        let mut spans =
+            decode_rows(rows_of(&self.backend, &self.dictionaries, &[trace_id]).await?)?;
         spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
         Ok(spans)
     }
@@ -78,7 +81,9 @@ where
     async fn traces(&self, trace_ids: &[TraceId]) -> Result<Vec<Span>, StoreError> {
         let mut spans = Vec::new();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
-            spans.extend(decode_rows(rows_of(&self.backend, chunk).await?)?);
+            spans.extend(decode_rows(
+                rows_of(&self.backend, &self.dictionaries, chunk).await?,
+            )?);
         }
         Ok(spans)
     }
@@ -96,7 +101,7 @@ where
         'chunks: for chunk in ids.chunks(IDS_PER_STATEMENT) {
             // Each trace's block rows go first, then its rows the block does not hold, in
             // trace-id order, as `Within` takes them.
-            let blocks = read_blocks(&self.backend, chunk).await?;
+            let blocks = read_blocks(&self.backend, &self.dictionaries, chunk).await?;
             let mut pending: Vec<&StoredBlock> = blocks.values().collect();
             pending.sort_unstable_by(|a, b| b.trace_id.cmp(&a.trace_id));
             let mut in_block: (Vec<u8>, HashSet<Vec<u8>>) = Default::default();
@@ -106,7 +111,7 @@ where
                 while pending.last().is_some_and(|b| b.trace_id <= row.trace_id) {
                     let block = pending.pop().expect("checked");
                     in_block = (block.trace_id.clone(), HashSet::new());
-                    for held in block.rows()? {
+                    for held in block.rows(&self.dictionaries)? {
                         in_block.1.insert(held.span_id.clone());
                         if !within.push(held)? {
                             break 'chunks;
@@ -121,7 +126,7 @@ where
                 }
             }
             while let Some(block) = pending.pop() {
-                for held in block.rows()? {
+                for held in block.rows(&self.dictionaries)? {
                     if !within.push(held)? {
                         break 'chunks;
                     }
@@ -135,9 +140,12 @@ where
         // A trace without a block (a large one, most often) is outlined by the database;
         // with one, in Rust over the block and its rows (the conformance suite holds the
         // two to the same answers).
-        if let Some(block) = block_of(&self.backend, trace_id).await? {
+        if let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? {
             let mut outline = OutlineScan::default();
-            scan_trace(&self.backend, trace_id, block, |row| outline.add(row)).await?;
+            scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
+                outline.add(row)
+            })
+            .await?;
             return Ok(outline.finish(trace_id));
         }
         let id = || trace_id.0.to_vec();
@@ -234,9 +242,9 @@ where
         // (the block's copy of a span id wins).
         let mut page: std::collections::BTreeMap<Vec<u8>, StoredRow> =
             rows.into_iter().map(|r| (r.span_id.clone(), r)).collect();
-        if let Some(block) = block_of(&self.backend, trace_id).await? {
+        if let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? {
             let after = after.map(|id| id.0.to_vec());
-            for row in block.rows()? {
+            for row in block.rows(&self.dictionaries)? {
                 if after.as_ref().is_none_or(|after| row.span_id > *after) {
                     page.insert(row.span_id.clone(), row);
                 }
@@ -250,7 +258,7 @@ where
         trace_id: TraceId,
         query: &SpanListQuery<'_>,
     ) -> Result<Vec<Span>, StoreError> {
-        let Some(block) = block_of(&self.backend, trace_id).await? else {
+        let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? else {
             let mut q = spans_of::<B::Db>(&[trace_id], "");
             push_find::<B>(&mut q, query.find);
             let order = match query.backwards {
@@ -280,7 +288,7 @@ where
         let find = Find::new(query.find);
         let limit = query.limit as usize;
         let mut page = std::collections::BinaryHeap::new();
-        scan_trace(&self.backend, trace_id, block, |row| {
+        scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
             if !find.matches(&row) {
                 return Ok(());
             }
@@ -312,7 +320,7 @@ where
         find: Option<&str>,
         before: Option<SpanPosition>,
     ) -> Result<SpanListCounts, StoreError> {
-        let Some(block) = block_of(&self.backend, trace_id).await? else {
+        let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? else {
             let mut q = QueryBuilder::<B::Db>::new("SELECT count(*), coalesce(sum(CASE WHEN TRUE");
             push_find::<B>(&mut q, find);
             q.push(" THEN 1 ELSE 0 END), 0), coalesce(sum(CASE WHEN TRUE");
@@ -334,7 +342,7 @@ where
         };
         let find = Find::new(find);
         let mut counts = SpanListCounts::default();
-        scan_trace(&self.backend, trace_id, block, |row| {
+        scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
             counts.spans += 1;
             let at = position(&row);
             counts.first_start_unix_nano = Some(
@@ -422,7 +430,8 @@ where
             let summaries = search_page(&self.backend, &page).await?;
             let full = summaries.len() >= page.limit as usize;
             let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
-            let matching = traces_matching(&self.backend, &ids, &query.attrs).await?;
+            let matching =
+                traces_matching(&self.backend, &self.dictionaries, &ids, &query.attrs).await?;
             for summary in summaries {
                 page.cursor = Some(Cursor {
                     start_unix_nano: summary.start_unix_nano,
@@ -487,6 +496,7 @@ where
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     fn backend(&self) -> &'static str {
         B::NAME
@@ -574,7 +584,7 @@ where
         traces: &[TraceId],
         max_trace_bytes: u64,
     ) -> Result<Compacted, StoreError> {
-        compact(&self.backend, traces, max_trace_bytes).await
+        compact(&self.backend, &self.dictionaries, traces, max_trace_bytes).await
     }
 
     async fn compact_due(
@@ -582,7 +592,7 @@ where
         limit: u32,
         max_trace_bytes: u64,
     ) -> Result<(Compacted, usize), StoreError> {
-        compact_due(&self.backend, limit, max_trace_bytes).await
+        compact_due(&self.backend, &self.dictionaries, limit, max_trace_bytes).await
     }
 
     async fn compaction_waiting(&self) -> Result<u64, StoreError> {
@@ -659,15 +669,21 @@ where
 
 /// The trace's block, if it has one: its per-trace reads then run in Rust over block and
 /// rows (`scan_trace`), otherwise in the database.
-async fn block_of<B>(backend: &B, trace_id: TraceId) -> Result<Option<StoredBlock>, StoreError>
+async fn block_of<B>(
+    backend: &B,
+    dictionaries: &Dictionaries,
+    trace_id: TraceId,
+) -> Result<Option<StoredBlock>, StoreError>
 where
     B: Backend,
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
-    Ok(read_blocks(backend, &[trace_id])
+    Ok(read_blocks(backend, dictionaries, &[trace_id])
         .await?
         .into_values()
         .next())
@@ -703,6 +719,7 @@ where
 /// The traces among `ids` where each filter holds on one of their spans.
 async fn traces_matching<B>(
     backend: &B,
+    dictionaries: &Dictionaries,
     ids: &[TraceId],
     filters: &[AttrFilter],
 ) -> Result<HashSet<TraceId>, StoreError>
@@ -713,6 +730,8 @@ where
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, Vec<u8>, String): FromRow<'r, <B::Db as Database>::Row>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     let all = (1u64 << filters.len().min(63)) - 1;
     let mut met: HashMap<Vec<u8>, u64> = HashMap::new();
@@ -727,10 +746,10 @@ where
             *met.entry(trace.to_vec()).or_insert(0) |= bits;
         }
     };
-    let blocks = read_blocks(backend, ids).await?;
+    let blocks = read_blocks(backend, dictionaries, ids).await?;
     let mut in_blocks = HashSet::new();
     for block in blocks.values() {
-        for (span_id, attributes) in block.attributes()? {
+        for (span_id, attributes) in block.attributes(dictionaries)? {
             meet(&block.trace_id, &attributes);
             in_blocks.insert((block.trace_id.clone(), span_id));
         }
@@ -757,7 +776,11 @@ where
 
 /// Every row of `traces` (at most a statement's worth): each trace's block, then its rows
 /// the block does not hold.
-async fn rows_of<B>(backend: &B, traces: &[TraceId]) -> Result<Vec<StoredRow>, StoreError>
+async fn rows_of<B>(
+    backend: &B,
+    dictionaries: &Dictionaries,
+    traces: &[TraceId],
+) -> Result<Vec<StoredRow>, StoreError>
 where
     B: Backend,
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
@@ -765,8 +788,10 @@ where
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredBlock: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
-    let blocks = read_blocks(backend, traces).await?;
+    let blocks = read_blocks(backend, dictionaries, traces).await?;
     let mut q = spans_of::<B::Db>(traces, "");
     let rows: Vec<StoredRow> = q.build_query_as().fetch_all(backend.reader()).await?;
     if blocks.is_empty() {
@@ -779,7 +804,7 @@ where
     let mut all = Vec::new();
     for (id, block) in blocks {
         all.extend(merge(
-            block.rows()?,
+            block.rows(dictionaries)?,
             by_trace.remove(&id).unwrap_or_default(),
         ));
     }
@@ -791,6 +816,7 @@ where
 /// holding at most one row of the database's at a time.
 async fn scan_trace<B>(
     backend: &B,
+    dictionaries: &Dictionaries,
     trace_id: TraceId,
     block: StoredBlock,
     mut each: impl FnMut(StoredRow) -> Result<(), StoreError> + Send,
@@ -804,7 +830,7 @@ where
     for<'r> StoredRow: FromRow<'r, <B::Db as Database>::Row>,
 {
     let mut in_block = HashSet::new();
-    for row in block.rows()? {
+    for row in block.rows(dictionaries)? {
         in_block.insert(row.span_id.clone());
         each(row)?;
     }
