@@ -1809,12 +1809,12 @@ async fn analysed_traces_wait_for_compaction_in_the_store() {
     }
 }
 
-/// Span blocks are compressed plainly until the store holds enough of them, then with a
-/// dictionary trained on them and stored once; every block reads back the same on a store
-/// opened later and, on Postgres, on another server of the database that had not loaded
-/// the dictionary yet.
+/// Span blocks and summaries' hop samples are compressed plainly until the store holds
+/// enough of them, then with a dictionary of each kind trained on them and stored once;
+/// every block and sample reads back the same on a store opened later and, on Postgres,
+/// on another server of the database that had not loaded the dictionaries yet.
 #[tokio::test]
-async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
+async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
     let traces = |from: u32, n: u32| -> Vec<Span> {
         (from..from + n)
             .flat_map(|i| {
@@ -1855,6 +1855,23 @@ async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
         ids.dedup();
         ids
     };
+    // Each trace's summary and hop samples, as the analyzer writes them.
+    let summaries = |spans: &[Span]| -> Vec<(TraceSummary, Vec<HopSample>)> {
+        spans
+            .chunk_by(|a, b| a.trace_id == b.trace_id)
+            .map(|trace| {
+                let analysis = analyze(trace, &AnalyzeOptions::default());
+                let summary = summarize(trace, &analysis).unwrap();
+                (summary, samples(trace, &analysis))
+            })
+            .collect()
+    };
+    let average_packed = async |db: &TestDb| -> u64 {
+        let sql = "SELECT CAST(CAST(avg(length(packed_hops)) AS INTEGER) AS TEXT) \
+                   FROM trace_summaries";
+        db.texts(sql).await[0].parse().unwrap()
+    };
+    let kinds = "SELECT kind FROM zstd_dictionaries ORDER BY kind";
     for db in TestDb::all().await {
         let backend = db.backend;
         let store = store::open(&db.url).await.expect("store opens");
@@ -1867,12 +1884,17 @@ async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
         store.write_spans(&first).await.unwrap();
         let plain = store.compact(&ids(&first), u64::MAX).await.unwrap();
         assert_eq!(plain.traces, 1_200, "{backend}");
+        store
+            .write_summaries(&summaries(&first), &[])
+            .await
+            .unwrap();
         assert_eq!(
-            db.texts("SELECT CAST(count(*) AS TEXT) FROM block_dictionaries")
-                .await,
-            ["1"],
-            "{backend}: one dictionary, trained once enough blocks were kept"
+            db.texts(kinds).await,
+            ["blocks", "hops"],
+            "{backend}: one dictionary of each kind, trained once enough values were kept"
         );
+        let plain_hops = average_packed(&db).await;
+
         let later = traces(5_000, 100);
         store.write_spans(&later).await.unwrap();
         let packed = store.compact(&ids(&later), u64::MAX).await.unwrap();
@@ -1882,13 +1904,39 @@ async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
             per_trace(packed) * 2 < per_trace(plain),
             "{backend}: {packed:?} against {plain:?}"
         );
+        let later_summaries = summaries(&later);
+        store.write_summaries(&later_summaries, &[]).await.unwrap();
+        let packed_hops =
+            (average_packed(&db).await * 1_300).saturating_sub(plain_hops * 1_200) / 100;
+        assert!(
+            packed_hops * 5 < plain_hops * 4,
+            "{backend}: hop samples of {packed_hops} bytes against {plain_hops}"
+        );
+        // As written (the samples' stored form rounds times), on every reader alike.
+        let hops = store.hop_samples(&ids(&later)).await.unwrap();
+        let outline = |hops: &[HopSample]| -> Vec<(String, u64)> {
+            hops.iter()
+                .map(|h| (h.service.clone(), h.start_unix_nano))
+                .collect()
+        };
+        assert_eq!(hops.len(), 100, "{backend}");
+        for (summary, written) in &later_summaries {
+            let read = &hops[&summary.trace_id];
+            assert!(
+                outline(read) == outline(written),
+                "{backend}: samples differ"
+            );
+        }
+
         let all: Vec<TraceId> = [ids(&first)[..50].to_vec(), ids(&later)].concat();
         let reads = every_read(store.as_ref(), &all).await;
         if let Some(other) = other {
+            let what = format!("{backend}: another server");
+            assert_eq!(every_read(other.as_ref(), &all).await, reads, "{what}");
             assert_eq!(
-                every_read(other.as_ref(), &all).await,
-                reads,
-                "{backend}: another server"
+                other.hop_samples(&ids(&later)).await.unwrap(),
+                hops,
+                "{what}"
             );
         }
         drop(store);
@@ -1898,7 +1946,12 @@ async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
             reads,
             "{backend}: reopened"
         );
-        // The reopened store compresses with the stored dictionary, training none.
+        assert_eq!(
+            reopened.hop_samples(&ids(&later)).await.unwrap(),
+            hops,
+            "{backend}"
+        );
+        // The reopened store compresses with the stored dictionaries, training none.
         let again = traces(9_000, 100);
         reopened.write_spans(&again).await.unwrap();
         let more = reopened.compact(&ids(&again), u64::MAX).await.unwrap();
@@ -1906,11 +1959,10 @@ async fn blocks_are_compressed_with_a_stored_dictionary_once_enough_are_kept() {
             per_trace(more) * 2 < per_trace(plain),
             "{backend}: {more:?}"
         );
-        assert_eq!(
-            db.texts("SELECT CAST(count(*) AS TEXT) FROM block_dictionaries")
-                .await,
-            ["1"],
-            "{backend}"
-        );
+        reopened
+            .write_summaries(&summaries(&again), &[])
+            .await
+            .unwrap();
+        assert_eq!(db.texts(kinds).await, ["blocks", "hops"], "{backend}");
     }
 }

@@ -25,7 +25,6 @@ use prost::Message as _;
 use budgetscope::otlp::generate::generate_chains;
 use budgetscope::otlp::normalize::span_count;
 use budgetscope::store;
-use budgetscope::store::stored_hop_samples;
 
 use crate::ingest::{ChildServer, Prepared, Sender, futures_join, own_cpu_seconds};
 use crate::{BenchDatabases, Transport, ms};
@@ -425,13 +424,25 @@ async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>
             "SELECT CAST(COALESCE(SUM(span_count), 0) AS BIGINT) FROM trace_summaries",
         ),
     ];
-    // A summary keeps its trace's hop samples compressed: counted here, not in SQL.
-    let samples = "SELECT hops, packed_hops FROM trace_summaries";
+    // A summary keeps its trace's hop samples compressed: counted through the store.
+    let summarised = "SELECT trace_id FROM trace_summaries";
     let requests = "SELECT CAST(COALESCE(SUM(requests), 0) AS BIGINT) FROM hop_rollups";
-    let count = |rows: Vec<(String, Option<Vec<u8>>)>| {
-        rows.iter()
-            .map(|(text, packed)| stored_hop_samples(text, packed.as_deref()))
-            .sum::<usize>() as i64
+    let store = store::open(url).await?;
+    let count = async |ids: Vec<Vec<u8>>| -> anyhow::Result<i64> {
+        let ids = ids
+            .iter()
+            .map(|id| budgetscope::core::model::TraceId::from_bytes(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut samples = 0;
+        for chunk in ids.chunks(10_000) {
+            samples += store
+                .hop_samples(chunk)
+                .await?
+                .values()
+                .map(Vec::len)
+                .sum::<usize>();
+        }
+        anyhow::Ok(samples as i64)
     };
     // The same reads on either database (sqlx's pools share no trait to be generic over).
     macro_rules! count_on {
@@ -443,7 +454,7 @@ async fn counted_once(url: &str) -> anyhow::Result<Vec<(&'static str, i64, i64)>
                 let found: i64 = sqlx::query_scalar(found).fetch_one(&pool).await?;
                 counted.push((what, expected, found));
             }
-            let expected = count(sqlx::query_as(samples).fetch_all(&pool).await?);
+            let expected = count(sqlx::query_scalar(summarised).fetch_all(&pool).await?).await?;
             let found: i64 = sqlx::query_scalar(requests).fetch_one(&pool).await?;
             counted.push((
                 "hop samples in summaries / requests in hop rollups",

@@ -119,8 +119,9 @@ pub trait Backend: Send + Sync + 'static {
 /// The store over backend `B`: what `store::open` returns, behind `dyn Store`.
 pub struct SqlStore<B> {
     pub(crate) backend: B,
-    /// What span blocks are compressed with (`dictionary.rs`).
-    pub(crate) dictionaries: Dictionaries,
+    /// What span blocks and summaries' hop samples are compressed with (`dictionary.rs`).
+    pub(crate) block_dictionaries: Dictionaries,
+    pub(crate) hop_dictionaries: Dictionaries,
 }
 
 impl<B: Backend> SqlStore<B>
@@ -129,13 +130,16 @@ where
     <B::Db as Database>::Arguments: sqlx::IntoArguments<B::Db>,
     for<'r> (i64, Vec<u8>): sqlx::FromRow<'r, <B::Db as Database>::Row>,
 {
-    /// The store over a connected, migrated backend, compressing with its newest dictionary.
+    /// The store over a connected, migrated backend, compressing with its newest
+    /// dictionaries.
     pub async fn open(backend: B) -> Result<SqlStore<B>, StoreError> {
         let store = SqlStore {
             backend,
-            dictionaries: Dictionaries::default(),
+            block_dictionaries: Dictionaries::new("blocks"),
+            hop_dictionaries: Dictionaries::new("hops"),
         };
-        store.dictionaries.load_newest(&store.backend).await?;
+        store.block_dictionaries.load_newest(&store.backend).await?;
+        store.hop_dictionaries.load_newest(&store.backend).await?;
         Ok(store)
     }
 }

@@ -160,7 +160,7 @@ where
         let mut q = blocks_of::<B::Db>(chunk);
         let rows: Vec<StoredBlock> = q.build_query_as().fetch_all(backend.reader()).await?;
         dictionaries
-            .load_for(backend, rows.iter().map(|b| b.block.as_slice()))
+            .load_for(backend.reader(), rows.iter().map(|b| b.block.as_slice()))
             .await?;
         blocks.extend(rows.into_iter().map(|b| (b.trace_id.clone(), b)));
     }
@@ -827,7 +827,7 @@ mod tests {
             row(3, i64::MAX - 10_000),
             row(4, 0),
         ];
-        let dictionaries = Dictionaries::default();
+        let dictionaries = Dictionaries::new("blocks");
         let block = encode(&rows, &dictionaries).unwrap();
         let stored = StoredBlock {
             trace_id: vec![7; 16],
@@ -850,7 +850,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_an_error_not_a_panic() {
         let rows = vec![row(1, 1_000), row(2, 2_000)];
-        let dictionaries = Dictionaries::default();
+        let dictionaries = Dictionaries::new("blocks");
         let frame_of = |rows: &[StoredRow]| {
             zstd::bulk::decompress(&encode(rows, &dictionaries).unwrap(), 1 << 20).unwrap()
         };

@@ -1,13 +1,14 @@
-//! The zstd dictionary span blocks are compressed with: a block holds one trace, a few
-//! kilobytes, too little for zstd to find the field names, services and attribute values
-//! every trace repeats; a dictionary trained on the store's first blocks holds them once
-//! (BENCHMARKS.md, "Disk per span"). Until there is one, blocks are
-//! compressed plainly and kept as samples; once enough are, the store trains one, stores it
-//! in `block_dictionaries` and compresses every later block with it. A frame names its
-//! dictionary (zstd's frame header), so any block reads back on any server of the store:
-//! a dictionary not yet in memory is loaded before the blocks that name it are decoded.
+//! The zstd dictionaries span blocks and summaries' hop samples are compressed with: a
+//! block holds one trace, a few kilobytes, too little for zstd to find the field names,
+//! services and attribute values every trace repeats; a dictionary trained on the store's
+//! first values holds them once (BENCHMARKS.md, "Disk per span"). Until a kind of value
+//! has one, its values are compressed plainly and kept as samples; once enough are, the
+//! store trains one, stores it in `zstd_dictionaries` and compresses every later value of
+//! that kind with it. A frame names its dictionary (zstd's frame header), so any value
+//! reads back on any server of the store: a dictionary not yet in memory is loaded before
+//! the values that name it are decoded.
 //!
-//! Architecture invariant: a dictionary is committed to the store before a block
+//! Architecture invariant: a dictionary is committed to the store before a value
 //! compressed with it is written, and never deleted or changed.
 
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use super::backend::{Backend, Writer as _};
 use super::blocks::{LEVEL, compress, decompress};
 use super::summaries::push_list;
 
-/// Blocks kept as samples before a dictionary is trained, and the most bytes they may take.
+/// Values kept as samples before a dictionary is trained, and the most bytes they may take.
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
 
@@ -38,26 +39,37 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// The dictionary new blocks are compressed with.
+/// The dictionary new values are compressed with.
 struct Encoder {
     dictionary: EncoderDictionary<'static>,
 }
 
-/// A store's dictionaries: the one it compresses with, those it has read blocks of, and,
-/// until it has one, the samples to train it from.
-#[derive(Default)]
+/// A store's dictionaries of one kind of value: the one it compresses with, those it has
+/// read values of, and, until it has one, the samples to train it from.
 pub(crate) struct Dictionaries {
+    /// "blocks" or "hops" (a constant, never user input): the `kind` of its rows in
+    /// `zstd_dictionaries`.
+    kind: &'static str,
     encoder: RwLock<Option<Arc<Encoder>>>,
     decoders: RwLock<HashMap<u32, Arc<DecoderDictionary<'static>>>>,
     samples: Mutex<Vec<Vec<u8>>>,
 }
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("span block: {what}"))
+    StoreError::Corrupt(format!("compressed value: {what}"))
 }
 
 impl Dictionaries {
-    /// Compresses a block's frame: with the dictionary when there is one, else plainly,
+    pub fn new(kind: &'static str) -> Dictionaries {
+        Dictionaries {
+            kind,
+            encoder: RwLock::default(),
+            decoders: RwLock::default(),
+            samples: Mutex::default(),
+        }
+    }
+
+    /// Compresses a value: with the dictionary when there is one, else plainly,
     /// keeping the frame as a sample to train one from.
     pub fn compress(&self, frame: &[u8]) -> Result<Vec<u8>, StoreError> {
         let encoder = self.encoder.read().expect("not poisoned").clone();
@@ -77,7 +89,8 @@ impl Dictionaries {
             cctx.compress_using_cdict(&mut out, frame, encoder.dictionary.as_cdict())
                 .map_err(|code| {
                     StoreError::Unavailable(format!(
-                        "compressing a span block failed: {}",
+                        "compressing {} failed: {}",
+                        self.kind,
                         zstd::zstd_safe::get_error_name(code)
                     ))
                 })?;
@@ -113,18 +126,18 @@ impl Dictionaries {
     }
 
     /// Loads the dictionaries `frames` name that are not in memory yet (another server of
-    /// the store trained them, or this one before a restart).
-    pub async fn load_for<'f, B>(
+    /// the store trained them, or this one before a restart), through `executor`.
+    pub async fn load_for<'f, 'e, DB, E>(
         &self,
-        backend: &B,
+        executor: E,
         frames: impl IntoIterator<Item = &'f [u8]>,
     ) -> Result<(), StoreError>
     where
-        B: Backend,
-        for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
-        <B::Db as Database>::Arguments: IntoArguments<B::Db>,
-        i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
-        for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
+        DB: Database,
+        E: Executor<'e, Database = DB>,
+        DB::Arguments: IntoArguments<DB>,
+        i64: for<'t> Encode<'t, DB> + Type<DB>,
+        for<'r> (i64, Vec<u8>): FromRow<'r, DB::Row>,
     {
         let missing: std::collections::BTreeSet<i64> = {
             let decoders = self.decoders.read().expect("not poisoned");
@@ -138,11 +151,10 @@ impl Dictionaries {
         if missing.is_empty() {
             return Ok(());
         }
-        let mut q = QueryBuilder::<B::Db>::new(
-            "SELECT id, dictionary FROM block_dictionaries WHERE id IN ",
-        );
+        let mut q =
+            QueryBuilder::<DB>::new("SELECT id, dictionary FROM zstd_dictionaries WHERE id IN ");
         push_list(&mut q, missing);
-        let rows: Vec<(i64, Vec<u8>)> = q.build_query_as().fetch_all(backend.reader()).await?;
+        let rows: Vec<(i64, Vec<u8>)> = q.build_query_as().fetch_all(executor).await?;
         let mut decoders = self.decoders.write().expect("not poisoned");
         for (id, dictionary) in rows {
             if let Ok(id) = u32::try_from(id) {
@@ -152,7 +164,7 @@ impl Dictionaries {
         Ok(())
     }
 
-    /// At open: compress with the newest stored dictionary, if there is one.
+    /// At open: compress with the newest stored dictionary of the kind, if there is one.
     pub async fn load_newest<B>(&self, backend: &B) -> Result<(), StoreError>
     where
         B: Backend,
@@ -160,12 +172,13 @@ impl Dictionaries {
         <B::Db as Database>::Arguments: IntoArguments<B::Db>,
         for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
     {
-        let newest: Option<(i64, Vec<u8>)> = sqlx::query_as::<B::Db, (i64, Vec<u8>)>(
-            "SELECT id, dictionary FROM block_dictionaries \
+        let mut q = QueryBuilder::<B::Db>::new(format!(
+            "SELECT id, dictionary FROM zstd_dictionaries WHERE kind = '{}' \
              ORDER BY created_unix_nano DESC, id DESC LIMIT 1",
-        )
-        .fetch_optional(backend.reader())
-        .await?;
+            self.kind
+        ));
+        let newest: Option<(i64, Vec<u8>)> =
+            q.build_query_as().fetch_optional(backend.reader()).await?;
         if let Some((id, dictionary)) = newest
             && let Ok(id) = u32::try_from(id)
         {
@@ -207,8 +220,10 @@ impl Dictionaries {
             zstd::dict::from_samples(&samples, DICTIONARY_BYTES)
         })
         .await
-        .map_err(|e| StoreError::Unavailable(format!("training a block dictionary: {e}")))?;
-        // Blocks too alike or too few to train from stay plainly compressed.
+        .map_err(|e| {
+            StoreError::Unavailable(format!("training a {} dictionary: {e}", self.kind))
+        })?;
+        // Values too alike or too few to train from stay plainly compressed.
         let Ok(dictionary) = trained else {
             return Ok(false);
         };
@@ -217,12 +232,13 @@ impl Dictionaries {
             return Ok(false);
         };
         let mut writer = backend.writer().await?;
+        // The kind is one of this module's constants, written as a literal.
         let mut insert = QueryBuilder::<B::Db>::new(
-            "INSERT INTO block_dictionaries (id, created_unix_nano, dictionary) VALUES (",
+            "INSERT INTO zstd_dictionaries (id, kind, created_unix_nano, dictionary) VALUES (",
         );
         insert
             .push_bind(i64::from(id))
-            .push(", ")
+            .push(format!(", '{}', ", self.kind))
             .push_bind(i64::try_from(crate::clock::now_unix_nano()).unwrap_or(i64::MAX))
             .push(", ")
             .push_bind(dictionary.clone())
@@ -258,7 +274,7 @@ mod tests {
 
     #[test]
     fn frames_compressed_with_a_dictionary_name_it_and_read_back_only_with_it() {
-        let store = Dictionaries::default();
+        let store = Dictionaries::new("test");
         // Plain until trained, each frame kept as a sample.
         let plain = store.compress(&frame(0)).unwrap();
         assert!(zstd::zstd_safe::get_dict_id_from_frame(&plain).is_none());
@@ -281,7 +297,7 @@ mod tests {
         assert_eq!(store.decompress(&plain).unwrap(), frame(0));
 
         // A store that has not loaded the dictionary says which one it lacks.
-        match Dictionaries::default().decompress(&packed) {
+        match Dictionaries::new("test").decompress(&packed) {
             Err(StoreError::Corrupt(message)) => {
                 assert!(message.contains(&id.to_string()), "{message}")
             }

@@ -21,9 +21,9 @@
 //!   the first copy of a span id winning. The per-trace reads of a trace with a block
 //!   (outline, span list, counts) are worked out in Rust over block and rows, of one
 //!   without (large traces stay rows) by the database, both held to the same answers by
-//!   the conformance suite; attribute filters always run in Rust. Blocks are compressed
-//!   with a zstd dictionary trained on the store's first ones (`block_dictionaries`,
-//!   `dictionary.rs`).
+//!   the conformance suite; attribute filters always run in Rust. Blocks, and summaries'
+//!   hop samples, are compressed with a zstd dictionary trained on the store's first ones
+//!   (`zstd_dictionaries`, `dictionary.rs`).
 //! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
 //!   compressed JSON; summaries from before keep it as `hops` text);
 //!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
@@ -85,7 +85,6 @@ use query::{
     TracesWithin,
 };
 pub use query::{DiskUsage, TraceSet};
-pub use rollup::stored_hop_samples;
 pub use rows::{EncodedBatch, OperationRow, SpanRow, batch_operations, encode_rows};
 
 /// A (service, span name, kind) seen in stored spans.

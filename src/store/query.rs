@@ -9,6 +9,7 @@ use crate::core::model::{Span, SpanId, TraceId};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
+use super::dictionary::Dictionaries;
 use super::rollup::{ROLLUP_COLUMNS, pack_hops};
 use crate::core::analyze::hops::HopSample;
 
@@ -420,6 +421,7 @@ pub(crate) fn flag_needle(flag: Flag) -> String {
 pub(crate) fn encode_summary(
     summary: &TraceSummary,
     hops: &[HopSample],
+    dictionaries: &Dictionaries,
 ) -> Result<SummaryRow, StoreError> {
     let flag_counts: BTreeMap<&str, usize> = summary
         .flag_counts
@@ -455,7 +457,7 @@ pub(crate) fn encode_summary(
         operations,
         answer_ms: summary.answer_ms,
         origins: encode_operations(&summary.origins),
-        packed_hops: pack_hops(hops)?,
+        packed_hops: pack_hops(hops, dictionaries)?,
         rules_version: i64::from(summary.version.rules),
         tolerance_ms: summary.version.tolerance_ms,
     })

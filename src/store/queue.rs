@@ -39,6 +39,7 @@ where
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     async fn analysis_backlog(&self, quiet_before: u64) -> Result<Backlog, StoreError> {
         self.backend.analysis_backlog(quiet_before).await
@@ -104,6 +105,7 @@ where
     for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     /// One transaction of `summaries::write_summaries` on the backend's writer.
     async fn write(
@@ -113,9 +115,15 @@ where
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let minutes = write_summaries::<B>(&mut tx, traces, replace).await?;
+        let minutes =
+            write_summaries::<B>(&mut tx, traces, replace, &self.hop_dictionaries).await?;
         tx.commit().await?;
         writer.done();
+        drop(writer);
+        // The dictionary, once trained, is in the store before the next summary uses it.
+        if let Err(error) = self.hop_dictionaries.train_when_ready(&self.backend).await {
+            tracing::warn!(%error, "could not train or store a compression dictionary for hop samples; they stay plainly compressed until a later try succeeds");
+        }
         Ok(minutes)
     }
 }

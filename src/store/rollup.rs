@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
+use super::dictionary::Dictionaries;
 use super::edges::{StoredEdge, edge_query};
 use super::query::{MetricsQuery, RollupQuery, rollup_query};
 use super::reported::{StoredReported, add_reported, reported_query};
@@ -264,27 +265,29 @@ pub(crate) fn encode_hops(hops: &[HopSample]) -> String {
 
 /// A trace's hop samples as its summary keeps them (`packed_hops`): `encode_hops`'s text,
 /// compressed (about a third of its size: the samples were most of a summary's bytes).
-pub(crate) fn pack_hops(hops: &[HopSample]) -> Result<Vec<u8>, StoreError> {
-    super::blocks::compress(encode_hops(hops).as_bytes())
+pub(crate) fn pack_hops(
+    hops: &[HopSample],
+    dictionaries: &Dictionaries,
+) -> Result<Vec<u8>, StoreError> {
+    dictionaries.compress(encode_hops(hops).as_bytes())
 }
 
 /// The samples a summary keeps: `packed_hops` when it has them, else the `hops` text of
 /// summaries written before samples were packed (none from bytes it did not write).
-pub(crate) fn stored_hops(text: &str, packed: Option<&[u8]>) -> Vec<HopSample> {
+pub(crate) fn stored_hops(
+    text: &str,
+    packed: Option<&[u8]>,
+    dictionaries: &Dictionaries,
+) -> Vec<HopSample> {
     match packed {
-        Some(packed) => super::blocks::decompress(packed)
+        Some(packed) => dictionaries
+            .decompress(packed)
             .ok()
             .and_then(|text| String::from_utf8(text).ok())
             .map(|text| decode_hops(&text))
             .unwrap_or_default(),
         None => decode_hops(text),
     }
-}
-
-/// How many hop samples a summary's `hops` and `packed_hops` hold (the benchmarks' check
-/// that every sample counts once in the rollups).
-pub fn stored_hop_samples(text: &str, packed: Option<&[u8]>) -> usize {
-    stored_hops(text, packed).len()
 }
 
 /// The samples `encode_hops` wrote (none from text it did not write).

@@ -73,7 +73,7 @@ where
 {
     async fn trace(&self, trace_id: TraceId) -> Result<Vec<Span>, StoreError> {
         let mut spans =
-            decode_rows(rows_of(&self.backend, &self.dictionaries, &[trace_id]).await?)?;
+            decode_rows(rows_of(&self.backend, &self.block_dictionaries, &[trace_id]).await?)?;
         spans.sort_by_key(|s| (s.start_unix_nano, s.span_id));
         Ok(spans)
     }
@@ -82,7 +82,7 @@ where
         let mut spans = Vec::new();
         for chunk in trace_ids.chunks(IDS_PER_STATEMENT) {
             spans.extend(decode_rows(
-                rows_of(&self.backend, &self.dictionaries, chunk).await?,
+                rows_of(&self.backend, &self.block_dictionaries, chunk).await?,
             )?);
         }
         Ok(spans)
@@ -101,7 +101,7 @@ where
         'chunks: for chunk in ids.chunks(IDS_PER_STATEMENT) {
             // Each trace's block rows go first, then its rows the block does not hold, in
             // trace-id order, as `Within` takes them.
-            let blocks = read_blocks(&self.backend, &self.dictionaries, chunk).await?;
+            let blocks = read_blocks(&self.backend, &self.block_dictionaries, chunk).await?;
             let mut pending: Vec<&StoredBlock> = blocks.values().collect();
             pending.sort_unstable_by(|a, b| b.trace_id.cmp(&a.trace_id));
             let mut in_block: (Vec<u8>, HashSet<Vec<u8>>) = Default::default();
@@ -111,7 +111,7 @@ where
                 while pending.last().is_some_and(|b| b.trace_id <= row.trace_id) {
                     let block = pending.pop().expect("checked");
                     in_block = (block.trace_id.clone(), HashSet::new());
-                    for held in block.rows(&self.dictionaries)? {
+                    for held in block.rows(&self.block_dictionaries)? {
                         in_block.1.insert(held.span_id.clone());
                         if !within.push(held)? {
                             break 'chunks;
@@ -126,7 +126,7 @@ where
                 }
             }
             while let Some(block) = pending.pop() {
-                for held in block.rows(&self.dictionaries)? {
+                for held in block.rows(&self.block_dictionaries)? {
                     if !within.push(held)? {
                         break 'chunks;
                     }
@@ -140,11 +140,15 @@ where
         // A trace without a block (a large one, most often) is outlined by the database;
         // with one, in Rust over the block and its rows (the conformance suite holds the
         // two to the same answers).
-        if let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? {
+        if let Some(block) = block_of(&self.backend, &self.block_dictionaries, trace_id).await? {
             let mut outline = OutlineScan::default();
-            scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
-                outline.add(row)
-            })
+            scan_trace(
+                &self.backend,
+                &self.block_dictionaries,
+                trace_id,
+                block,
+                |row| outline.add(row),
+            )
             .await?;
             return Ok(outline.finish(trace_id));
         }
@@ -242,9 +246,9 @@ where
         // (the block's copy of a span id wins).
         let mut page: std::collections::BTreeMap<Vec<u8>, StoredRow> =
             rows.into_iter().map(|r| (r.span_id.clone(), r)).collect();
-        if let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? {
+        if let Some(block) = block_of(&self.backend, &self.block_dictionaries, trace_id).await? {
             let after = after.map(|id| id.0.to_vec());
-            for row in block.rows(&self.dictionaries)? {
+            for row in block.rows(&self.block_dictionaries)? {
                 if after.as_ref().is_none_or(|after| row.span_id > *after) {
                     page.insert(row.span_id.clone(), row);
                 }
@@ -258,7 +262,7 @@ where
         trace_id: TraceId,
         query: &SpanListQuery<'_>,
     ) -> Result<Vec<Span>, StoreError> {
-        let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? else {
+        let Some(block) = block_of(&self.backend, &self.block_dictionaries, trace_id).await? else {
             let mut q = spans_of::<B::Db>(&[trace_id], "");
             push_find::<B>(&mut q, query.find);
             let order = match query.backwards {
@@ -288,26 +292,32 @@ where
         let find = Find::new(query.find);
         let limit = query.limit as usize;
         let mut page = std::collections::BinaryHeap::new();
-        scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
-            if !find.matches(&row) {
-                return Ok(());
-            }
-            let at = position(&row);
-            // Forwards: the first `limit` from `from` on; backwards: the last `limit` before
-            // it. The heap's top is the one to give up first.
-            let wanted = match (query.backwards, query.from) {
-                (false, Some(from)) => at >= from,
-                (true, Some(from)) => at < from,
-                (_, None) => true,
-            };
-            if wanted {
-                page.push(Ranked::new(at, row, query.backwards));
-                if page.len() > limit {
-                    page.pop();
+        scan_trace(
+            &self.backend,
+            &self.block_dictionaries,
+            trace_id,
+            block,
+            |row| {
+                if !find.matches(&row) {
+                    return Ok(());
                 }
-            }
-            Ok(())
-        })
+                let at = position(&row);
+                // Forwards: the first `limit` from `from` on; backwards: the last `limit` before
+                // it. The heap's top is the one to give up first.
+                let wanted = match (query.backwards, query.from) {
+                    (false, Some(from)) => at >= from,
+                    (true, Some(from)) => at < from,
+                    (_, None) => true,
+                };
+                if wanted {
+                    page.push(Ranked::new(at, row, query.backwards));
+                    if page.len() > limit {
+                        page.pop();
+                    }
+                }
+                Ok(())
+            },
+        )
         .await?;
         let mut rows: Vec<Ranked> = page.into_vec();
         rows.sort_by_key(|r| r.at);
@@ -320,7 +330,7 @@ where
         find: Option<&str>,
         before: Option<SpanPosition>,
     ) -> Result<SpanListCounts, StoreError> {
-        let Some(block) = block_of(&self.backend, &self.dictionaries, trace_id).await? else {
+        let Some(block) = block_of(&self.backend, &self.block_dictionaries, trace_id).await? else {
             let mut q = QueryBuilder::<B::Db>::new("SELECT count(*), coalesce(sum(CASE WHEN TRUE");
             push_find::<B>(&mut q, find);
             q.push(" THEN 1 ELSE 0 END), 0), coalesce(sum(CASE WHEN TRUE");
@@ -342,22 +352,28 @@ where
         };
         let find = Find::new(find);
         let mut counts = SpanListCounts::default();
-        scan_trace(&self.backend, &self.dictionaries, trace_id, block, |row| {
-            counts.spans += 1;
-            let at = position(&row);
-            counts.first_start_unix_nano = Some(
-                counts
-                    .first_start_unix_nano
-                    .map_or(at.start_unix_nano, |first| first.min(at.start_unix_nano)),
-            );
-            if find.matches(&row) {
-                counts.matched += 1;
-                if before.is_some_and(|before| at < before) {
-                    counts.before += 1;
+        scan_trace(
+            &self.backend,
+            &self.block_dictionaries,
+            trace_id,
+            block,
+            |row| {
+                counts.spans += 1;
+                let at = position(&row);
+                counts.first_start_unix_nano = Some(
+                    counts
+                        .first_start_unix_nano
+                        .map_or(at.start_unix_nano, |first| first.min(at.start_unix_nano)),
+                );
+                if find.matches(&row) {
+                    counts.matched += 1;
+                    if before.is_some_and(|before| at < before) {
+                        counts.before += 1;
+                    }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
         .await?;
         Ok(counts)
     }
@@ -431,7 +447,8 @@ where
             let full = summaries.len() >= page.limit as usize;
             let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
             let matching =
-                traces_matching(&self.backend, &self.dictionaries, &ids, &query.attrs).await?;
+                traces_matching(&self.backend, &self.block_dictionaries, &ids, &query.attrs)
+                    .await?;
             for summary in summaries {
                 page.cursor = Some(Cursor {
                     start_unix_nano: summary.start_unix_nano,
@@ -463,10 +480,17 @@ where
             push_list(&mut q, chunk.iter().map(|id| id.0.to_vec()));
             let rows: Vec<(Vec<u8>, String, Option<Vec<u8>>)> =
                 q.build_query_as().fetch_all(self.backend.reader()).await?;
+            let packed = rows.iter().filter_map(|(_, _, packed)| packed.as_deref());
+            self.hop_dictionaries
+                .load_for(self.backend.reader(), packed)
+                .await?;
             for (id, hops, packed) in rows {
                 let id = TraceId::from_bytes(&id)
                     .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))?;
-                samples.insert(id, stored_hops(&hops, packed.as_deref()));
+                samples.insert(
+                    id,
+                    stored_hops(&hops, packed.as_deref(), &self.hop_dictionaries),
+                );
             }
         }
         Ok(samples)
@@ -584,7 +608,13 @@ where
         traces: &[TraceId],
         max_trace_bytes: u64,
     ) -> Result<Compacted, StoreError> {
-        compact(&self.backend, &self.dictionaries, traces, max_trace_bytes).await
+        compact(
+            &self.backend,
+            &self.block_dictionaries,
+            traces,
+            max_trace_bytes,
+        )
+        .await
     }
 
     async fn compact_due(
@@ -592,7 +622,13 @@ where
         limit: u32,
         max_trace_bytes: u64,
     ) -> Result<(Compacted, usize), StoreError> {
-        compact_due(&self.backend, &self.dictionaries, limit, max_trace_bytes).await
+        compact_due(
+            &self.backend,
+            &self.block_dictionaries,
+            limit,
+            max_trace_bytes,
+        )
+        .await
     }
 
     async fn compaction_waiting(&self) -> Result<u64, StoreError> {

@@ -8,6 +8,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::backend::Backend;
+use super::dictionary::Dictionaries;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
 use super::query::{
@@ -43,6 +44,7 @@ pub(crate) async fn write_summaries<B: Backend>(
     conn: &mut <B::Db as Database>::Connection,
     traces: &[(TraceSummary, Vec<HopSample>)],
     replace: Replace<'_>,
+    hop_dictionaries: &Dictionaries,
 ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
 where
     for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
@@ -61,6 +63,7 @@ where
     f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     Option<f64>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     bool: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
 {
     if !B::WRITERS_LOCK.is_empty() {
         sqlx::query::<B::Db>(sqlx::AssertSqlSafe(B::WRITERS_LOCK))
@@ -124,9 +127,11 @@ where
         push_list(&mut old, ids());
         let old: Vec<(Vec<u8>, String, Option<Vec<u8>>)> =
             old.build_query_as().fetch_all(&mut *conn).await?;
+        let packed = old.iter().filter_map(|(_, _, packed)| packed.as_deref());
+        hop_dictionaries.load_for(&mut *conn, packed).await?;
         for (id, hops, packed) in old {
             summarised.push(id);
-            let hops = stored_hops(&hops, packed.as_deref());
+            let hops = stored_hops(&hops, packed.as_deref(), hop_dictionaries);
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
         }
@@ -134,7 +139,7 @@ where
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
-        .map(|(summary, hops)| encode_summary(summary, hops))
+        .map(|(summary, hops)| encode_summary(summary, hops, hop_dictionaries))
         .collect::<Result<_, _>>()?;
     // One upsert may not touch a row twice; sorted ids also keep lock order stable.
     rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
