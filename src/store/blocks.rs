@@ -34,7 +34,7 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Compresses bytes the store keeps (a block's frame, a summary's hop samples).
+/// Compresses a value plainly: what `dictionary::Dictionaries` does until it has a dictionary.
 pub(crate) fn compress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
     let failed = |e: std::io::Error| {
         StoreError::Unavailable(format!("compressing for the store failed: {e}"))

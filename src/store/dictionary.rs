@@ -23,7 +23,8 @@ use super::backend::{Backend, Writer as _};
 use super::blocks::{LEVEL, compress, decompress};
 use super::summaries::push_list;
 
-/// Values kept as samples before a dictionary is trained, and the most bytes they may take.
+/// Values kept as samples before a dictionary is trained, and the most bytes they may take
+/// (what a store holds in memory for it, once).
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
 
@@ -39,18 +40,14 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// The dictionary new values are compressed with.
-struct Encoder {
-    dictionary: EncoderDictionary<'static>,
-}
-
 /// A store's dictionaries of one kind of value: the one it compresses with, those it has
 /// read values of, and, until it has one, the samples to train it from.
 pub(crate) struct Dictionaries {
     /// "blocks" or "hops" (a constant, never user input): the `kind` of its rows in
     /// `zstd_dictionaries`.
     kind: &'static str,
-    encoder: RwLock<Option<Arc<Encoder>>>,
+    /// The dictionary new values are compressed with.
+    encoder: RwLock<Option<Arc<EncoderDictionary<'static>>>>,
     decoders: RwLock<HashMap<u32, Arc<DecoderDictionary<'static>>>>,
     samples: Mutex<Vec<Vec<u8>>>,
 }
@@ -86,7 +83,7 @@ impl Dictionaries {
             let mut cell = cell.borrow_mut();
             let cctx = cell.get_or_insert_with(zstd::zstd_safe::CCtx::create);
             let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(frame.len()));
-            cctx.compress_using_cdict(&mut out, frame, encoder.dictionary.as_cdict())
+            cctx.compress_using_cdict(&mut out, frame, encoder.as_cdict())
                 .map_err(|code| {
                     StoreError::Unavailable(format!(
                         "compressing {} failed: {}",
@@ -192,9 +189,8 @@ impl Dictionaries {
             .write()
             .expect("not poisoned")
             .insert(id, Arc::new(DecoderDictionary::copy(dictionary)));
-        *self.encoder.write().expect("not poisoned") = Some(Arc::new(Encoder {
-            dictionary: EncoderDictionary::copy(dictionary, LEVEL),
-        }));
+        *self.encoder.write().expect("not poisoned") =
+            Some(Arc::new(EncoderDictionary::copy(dictionary, LEVEL)));
     }
 
     /// Once enough samples are kept and there is no dictionary yet: trains one, commits it
