@@ -60,6 +60,7 @@ mod spans;
 pub mod sqlite;
 mod summaries;
 mod trace_scan;
+mod upkeep;
 
 use std::collections::HashMap;
 use std::sync::Arc;
