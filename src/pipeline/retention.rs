@@ -1,9 +1,10 @@
 //! Retention: what the lease holder deletes, every minute or so — on Postgres first the
 //! time partitions of blocks and terms past their class's retention, whole, after their
 //! traces' summaries — then, in bounded batches that give ingest a turn at the writer
-//! between them, spans older than `--retention`, healthy traces older than `--retention-healthy` and, near `--max-disk`,
-//! the oldest traces, healthy ones first. Hop and edge statistics stay for the whole
-//! `--retention` (docs/budget-semantics.md, "How long traces are kept").
+//! between them, spans older than `--retention`, healthy traces older than
+//! `--retention-healthy` and, near `--max-disk`, the oldest traces, healthy ones first.
+//! Hop and edge statistics stay for the whole `--retention` (docs/budget-semantics.md,
+//! "How long traces are kept").
 //!
 //! Architecture invariant: deletes only through the store's retention methods, only while
 //! this server holds the lease.

@@ -49,7 +49,14 @@ pub(crate) struct Dictionaries {
     /// The dictionary new values are compressed with.
     encoder: RwLock<Option<Arc<EncoderDictionary<'static>>>>,
     decoders: RwLock<HashMap<u32, Arc<DecoderDictionary<'static>>>>,
-    samples: Mutex<Vec<Vec<u8>>>,
+    samples: Mutex<Samples>,
+}
+
+/// The values kept to train a dictionary from, and their bytes.
+#[derive(Default)]
+struct Samples {
+    values: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -72,9 +79,9 @@ impl Dictionaries {
         let encoder = self.encoder.read().expect("not poisoned").clone();
         let Some(encoder) = encoder else {
             let mut samples = self.samples.lock().expect("not poisoned");
-            let bytes: usize = samples.iter().map(Vec::len).sum();
-            if samples.len() < SAMPLES && bytes + frame.len() <= SAMPLE_BYTES {
-                samples.push(frame.to_vec());
+            if samples.values.len() < SAMPLES && samples.bytes + frame.len() <= SAMPLE_BYTES {
+                samples.bytes += frame.len();
+                samples.values.push(frame.to_vec());
             }
             drop(samples);
             return compress(frame);
@@ -203,14 +210,16 @@ impl Dictionaries {
         i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
         Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     {
+        // Called after every write of the kind: once there is a dictionary, nothing to do.
+        if self.encoder.read().expect("not poisoned").is_some() {
+            return Ok(false);
+        }
         let samples = {
             let mut samples = self.samples.lock().expect("not poisoned");
-            let full = samples.len() >= SAMPLES
-                || samples.iter().map(Vec::len).sum::<usize>() * 2 > SAMPLE_BYTES;
-            if !full || self.encoder.read().expect("not poisoned").is_some() {
+            if samples.values.len() < SAMPLES && samples.bytes * 2 <= SAMPLE_BYTES {
                 return Ok(false);
             }
-            std::mem::take(&mut *samples)
+            std::mem::take(&mut *samples).values
         };
         let trained = tokio::task::spawn_blocking(move || {
             zstd::dict::from_samples(&samples, DICTIONARY_BYTES)
