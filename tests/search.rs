@@ -99,6 +99,11 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
             ("service=edge&operation=POST%20%2Forders", vec![hex(2)]),
             ("operation=Charge", vec![hex(2)]),
             ("service=edge&operation=Charge", vec![]),
+            // A flag drives the search; the service and the operation are looked up.
+            ("flag=inflated&service=billing", vec![hex(2)]),
+            ("flag=inflated&service=inventory", vec![]),
+            ("flag=inflated&operation=Charge", vec![hex(2)]),
+            ("flag=inflated&operation=GET%20%2Fstock", vec![]),
             ("flag=inflated", vec![hex(2)]),
             (
                 "origin_service=edge&origin_operation=POST%20%2Forders",

@@ -325,3 +325,78 @@ async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.search_traces(&query).await.unwrap(), before);
 }
+
+/// A summary written before names, flag counts and lists were packed keeps them in its
+/// text columns (migration 25 adds `packed_detail` and leaves them): it reads and is found
+/// as before, and retention finds its terms from it.
+#[tokio::test]
+async fn a_summary_with_its_names_as_text_reads_as_before() {
+    use budgetscope::core::analyze::fixture;
+    use budgetscope::core::model::TraceId;
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let mut trace = fixture::parse(common::HEALTHY_CHAIN);
+    for span in &mut trace {
+        span.trace_id = TraceId::from_bytes(&7u128.to_be_bytes()).unwrap();
+    }
+    store.write_spans(&trace).await.unwrap();
+    common::analyse_waiting(store.as_ref()).await;
+    let query = TraceQuery {
+        service: Some("x".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let before = store.search_traces(&query).await.unwrap();
+    assert_eq!(before.len(), 1);
+    drop(store);
+    // The text columns as summaries before migration 25 held them.
+    let summary = &before[0];
+    let lines = |items: Vec<String>| -> String {
+        items
+            .iter()
+            .fold(String::from("\n"), |acc, s| acc + s + "\n")
+    };
+    let pairs = |pairs: &[(String, String)]| {
+        lines(pairs.iter().map(|(s, n)| format!("{s}\t{n}")).collect())
+    };
+    let counts: std::collections::BTreeMap<&str, usize> = summary
+        .flag_counts
+        .iter()
+        .map(|(flag, n)| (flag.as_str(), *n))
+        .collect();
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    let connection = rusqlite::Connection::open(&path).unwrap();
+    let changed = connection
+        .execute(
+            "UPDATE trace_summaries SET root_service = ?1, root_name = ?2, burner_service = ?3, \
+             burner_name = ?4, flag_counts = ?5, services = ?6, operations = ?7, origins = ?8, \
+             packed_detail = NULL",
+            rusqlite::params![
+                summary.root_service,
+                summary.root_name,
+                summary.burner.as_ref().map(|b| b.0.clone()),
+                summary.burner.as_ref().map(|b| b.1.clone()),
+                serde_json::to_string(&counts).unwrap(),
+                lines(summary.services.clone()),
+                pairs(&summary.operations),
+                pairs(&summary.origins),
+            ],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(connection);
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    assert_eq!(store.search_traces(&query).await.unwrap(), before);
+    // Retention deletes it with its terms, found from the text columns.
+    while store.delete_before(u64::MAX / 2, 1_000).await.unwrap() > 0 {}
+    assert_eq!(store.search_traces(&query).await.unwrap(), vec![]);
+    let terms = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM trace_terms", [], |row| {
+            row.get::<_, i64>(0)
+        })
+        .unwrap();
+    assert_eq!(terms, 0, "the terms went with the summary");
+}

@@ -1809,10 +1809,11 @@ async fn analysed_traces_wait_for_compaction_in_the_store() {
     }
 }
 
-/// Span blocks and summaries' hop samples are compressed plainly until the store holds
-/// enough of them, then with a dictionary of each kind trained on them and stored once;
-/// every block and sample reads back the same on a store opened later and, on Postgres,
-/// on another server of the database that had not loaded the dictionaries yet.
+/// Span blocks, summaries' hop samples and summaries' packed detail are compressed plainly
+/// until the store holds enough of them, then with a dictionary of each kind trained on
+/// them and stored once; every block, sample and summary reads back the same on a store
+/// opened later and, on Postgres, on another server of the database that had not loaded
+/// the dictionaries yet.
 #[tokio::test]
 async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
     let traces = |from: u32, n: u32| -> Vec<Span> {
@@ -1866,10 +1867,21 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
             })
             .collect()
     };
-    let average_packed = async |db: &TestDb| -> u64 {
-        let sql = "SELECT CAST(CAST(avg(length(packed_hops)) AS INTEGER) AS TEXT) \
-                   FROM trace_summaries";
-        db.texts(sql).await[0].parse().unwrap()
+    let average_packed = async |db: &TestDb, column: &str| -> u64 {
+        let sql = format!(
+            "SELECT CAST(CAST(avg(length({column})) AS INTEGER) AS TEXT) FROM trace_summaries"
+        );
+        db.texts(&sql).await[0].parse().unwrap()
+    };
+    // The later traces' summaries as every search lists them, newest first.
+    let searched = async |store: &dyn Store| -> String {
+        let query = TraceQuery {
+            service: Some("payments".into()),
+            since_unix_nano: Some(10_000 + 5_000 * 10),
+            limit: 200,
+            ..TraceQuery::default()
+        };
+        format!("{:?}", store.search_traces(&query).await.unwrap())
     };
     let kinds = "SELECT kind FROM zstd_dictionaries ORDER BY kind";
     for db in TestDb::all().await {
@@ -1890,10 +1902,11 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
             .unwrap();
         assert_eq!(
             db.texts(kinds).await,
-            ["blocks", "hops"],
+            ["blocks", "hops", "summaries"],
             "{backend}: one dictionary of each kind, trained once enough values were kept"
         );
-        let plain_hops = average_packed(&db).await;
+        let plain_hops = average_packed(&db, "packed_hops").await;
+        let plain_detail = average_packed(&db, "packed_detail").await;
 
         let later = traces(5_000, 100);
         store.write_spans(&later).await.unwrap();
@@ -1906,11 +1919,31 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
         );
         let later_summaries = summaries(&later);
         store.write_summaries(&later_summaries, &[]).await.unwrap();
-        let packed_hops =
-            (average_packed(&db).await * 1_300).saturating_sub(plain_hops * 1_200) / 100;
+        let later_average = async |column: &str, plain: u64| {
+            (average_packed(&db, column).await * 1_300).saturating_sub(plain * 1_200) / 100
+        };
+        let packed_hops = later_average("packed_hops", plain_hops).await;
         assert!(
             packed_hops * 5 < plain_hops * 4,
             "{backend}: hop samples of {packed_hops} bytes against {plain_hops}"
+        );
+        let packed_detail = later_average("packed_detail", plain_detail).await;
+        assert!(
+            packed_detail * 2 < plain_detail,
+            "{backend}: summaries' detail of {packed_detail} bytes against {plain_detail}"
+        );
+        let found = searched(store.as_ref()).await;
+        let written: Vec<&TraceSummary> = later_summaries
+            .iter()
+            .rev()
+            .map(|(summary, _)| summary)
+            .filter(|summary| summary.services.iter().any(|s| s == "payments"))
+            .collect();
+        assert_eq!(written.len(), 100, "{backend}");
+        assert_eq!(
+            found,
+            format!("{written:?}"),
+            "{backend}: summaries as written"
         );
         // As written (the samples' stored form rounds times), on every reader alike.
         let hops = store.hop_samples(&ids(&later)).await.unwrap();
@@ -1933,6 +1966,7 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
         if let Some(other) = other {
             let what = format!("{backend}: another server");
             assert_eq!(every_read(other.as_ref(), &all).await, reads, "{what}");
+            assert_eq!(searched(other.as_ref()).await, found, "{what}");
             assert_eq!(
                 other.hop_samples(&ids(&later)).await.unwrap(),
                 hops,
@@ -1944,6 +1978,11 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
         assert_eq!(
             every_read(reopened.as_ref(), &all).await,
             reads,
+            "{backend}: reopened"
+        );
+        assert_eq!(
+            searched(reopened.as_ref()).await,
+            found,
             "{backend}: reopened"
         );
         assert_eq!(
@@ -1963,6 +2002,10 @@ async fn blocks_and_hop_samples_are_compressed_with_stored_dictionaries() {
             .write_summaries(&summaries(&again), &[])
             .await
             .unwrap();
-        assert_eq!(db.texts(kinds).await, ["blocks", "hops"], "{backend}");
+        assert_eq!(
+            db.texts(kinds).await,
+            ["blocks", "hops", "summaries"],
+            "{backend}"
+        );
     }
 }

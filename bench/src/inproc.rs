@@ -316,6 +316,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         "service=inventory",
         "service=billing&operation=POST%20%2Fapi%2Fv1%2Fbilling%2F%7Bid%7D",
         "flag=inflated",
+        "flag=inflated&service=inventory",
         "outcome=exceeded",
         "min_duration_ms=100",
         "since=-1h",

@@ -119,9 +119,11 @@ pub trait Backend: Send + Sync + 'static {
 /// The store over backend `B`: what `store::open` returns, behind `dyn Store`.
 pub struct SqlStore<B> {
     pub(crate) backend: B,
-    /// What span blocks and summaries' hop samples are compressed with (`dictionary.rs`).
+    /// What span blocks, summaries' hop samples and summaries' packed detail are
+    /// compressed with (`dictionary.rs`).
     pub(crate) block_dictionaries: Dictionaries,
     pub(crate) hop_dictionaries: Dictionaries,
+    pub(crate) summary_dictionaries: Dictionaries,
 }
 
 impl<B: Backend> SqlStore<B>
@@ -137,9 +139,14 @@ where
             backend,
             block_dictionaries: Dictionaries::new("blocks"),
             hop_dictionaries: Dictionaries::new("hops"),
+            summary_dictionaries: Dictionaries::new("summaries"),
         };
         store.block_dictionaries.load_newest(&store.backend).await?;
         store.hop_dictionaries.load_newest(&store.backend).await?;
+        store
+            .summary_dictionaries
+            .load_newest(&store.backend)
+            .await?;
         Ok(store)
     }
 }

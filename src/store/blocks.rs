@@ -676,7 +676,7 @@ fn decode(trace_id: &[u8], frame: &[u8]) -> Result<Vec<StoredRow>, StoreError> {
         .collect())
 }
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -688,12 +688,12 @@ fn put_signed(out: &mut Vec<u8>, value: i64) {
     put_varint(out, ((value << 1) ^ (value >> 63)) as u64);
 }
 
-fn put_text(out: &mut Vec<u8>, text: &str) {
+pub(crate) fn put_text(out: &mut Vec<u8>, text: &str) {
     put_varint(out, text.len() as u64);
     out.extend_from_slice(text.as_bytes());
 }
 
-fn put_optional_text(out: &mut Vec<u8>, text: Option<&str>) {
+pub(crate) fn put_optional_text(out: &mut Vec<u8>, text: Option<&str>) {
     match text {
         Some(text) => {
             out.push(1);
@@ -703,12 +703,16 @@ fn put_optional_text(out: &mut Vec<u8>, text: Option<&str>) {
     }
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     frame: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
+    pub(crate) fn new(frame: &'a [u8]) -> Reader<'a> {
+        Reader { frame, at: 0 }
+    }
+
     fn bytes(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
         let end = self
             .at
@@ -722,7 +726,7 @@ impl<'a> Reader<'a> {
         Ok(bytes)
     }
 
-    fn byte(&mut self) -> Result<u8, StoreError> {
+    pub(crate) fn byte(&mut self) -> Result<u8, StoreError> {
         Ok(self.bytes(1)?[0])
     }
 
@@ -743,7 +747,7 @@ impl<'a> Reader<'a> {
         Ok(((value >> 1) as i64) ^ -((value & 1) as i64))
     }
 
-    fn text(&mut self) -> Result<&'a str, StoreError> {
+    pub(crate) fn text(&mut self) -> Result<&'a str, StoreError> {
         let len = self.varint()?;
         let len = usize::try_from(len)
             .map_err(|_| StoreError::Corrupt("span block: bad length".into()))?;
@@ -751,7 +755,7 @@ impl<'a> Reader<'a> {
             .map_err(|e| StoreError::Corrupt(format!("span block: {e}")))
     }
 
-    fn optional_text(&mut self) -> Result<Option<&'a str>, StoreError> {
+    pub(crate) fn optional_text(&mut self) -> Result<Option<&'a str>, StoreError> {
         match self.byte()? {
             0 => Ok(None),
             _ => self.text().map(Some),

@@ -1,4 +1,5 @@
-//! The zstd dictionaries span blocks and summaries' hop samples are compressed with: a
+//! The zstd dictionaries span blocks, summaries' hop samples and summaries' packed detail
+//! are compressed with: a
 //! block holds one trace, a few kilobytes, too little for zstd to find the field names,
 //! services and attribute values every trace repeats; a dictionary trained on the store's
 //! first values holds them once (BENCHMARKS.md, "Disk per span"). Until a kind of value
@@ -43,7 +44,7 @@ thread_local! {
 /// A store's dictionaries of one kind of value: the one it compresses with, those it has
 /// read values of, and, until it has one, the samples to train it from.
 pub(crate) struct Dictionaries {
-    /// "blocks" or "hops" (a constant, never user input): the `kind` of its rows in
+    /// "blocks", "hops" or "summaries" (a constant, never user input): the `kind` of its rows in
     /// `zstd_dictionaries`.
     kind: &'static str,
     /// The dictionary new values are compressed with.

@@ -21,15 +21,17 @@
 //!   the first copy of a span id winning. The per-trace reads of a trace with a block
 //!   (outline, span list, counts) are worked out in Rust over block and rows, of one
 //!   without (large traces stay rows) by the database, both held to the same answers by
-//!   the conformance suite; attribute filters always run in Rust. Blocks, and summaries'
-//!   hop samples, are compressed with a zstd dictionary trained on the store's first ones
-//!   (`zstd_dictionaries`, `dictionary.rs`).
-//! - `trace_summaries`: one row per analysed trace, with its hop samples (`packed_hops`:
-//!   compressed JSON; summaries from before keep it as `hops` text);
+//!   the conformance suite; attribute filters always run in Rust. Blocks, summaries'
+//!   hop samples and summaries' packed detail are compressed with a zstd dictionary of
+//!   their kind trained on the store's first ones (`zstd_dictionaries`, `dictionary.rs`).
+//! - `trace_summaries`: one row per analysed trace: in columns what searches filter and
+//!   order on, packed the rest (`packed_detail`: names, flag counts, services, operations,
+//!   origins, which searches find through the terms) and its hop samples (`packed_hops`:
+//!   compressed JSON); summaries from before keep those as text (`hops`, …);
 //!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
 //!   flags and outcome, each term's text kept once in `search_terms`. A search drives from
-//!   its most selective term newest first and stops at its limit; pagination is keyset on
-//!   (start, trace id).
+//!   its most selective term newest first, looks each other term it asks for up by its key,
+//!   and stops at its limit; pagination is keyset on (start, trace id).
 //! - `hop_rollups`, `hop_rollups_hourly`: per (hop, minute or hour) counts and three
 //!   log-bucket histograms, merged by adding; a re-analysed trace's old contribution is
 //!   subtracted and the new one added in the summary's transaction (`summaries.rs`).

@@ -9,6 +9,7 @@ use crate::core::model::{Span, SpanId, TraceId};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use super::StoreError;
+use super::blocks::{Reader, put_optional_text, put_text};
 use super::dictionary::Dictionaries;
 use super::rollup::{ROLLUP_COLUMNS, pack_hops};
 use crate::core::analyze::hops::HopSample;
@@ -323,25 +324,20 @@ pub struct StaleQuery {
     pub limit: u32,
 }
 
-/// A summary as columns.
+/// A summary as columns: what searches filter and order on, and the rest packed
+/// (`pack_detail`).
 pub(crate) struct SummaryRow {
     pub trace_id: Vec<u8>,
-    pub root_service: String,
-    pub root_name: String,
     pub start_unix_nano: i64,
     pub duration_ms: f64,
     pub budget_ms: Option<f64>,
     pub outcome: &'static str,
-    pub burner_service: Option<String>,
-    pub burner_name: Option<String>,
     pub burner_self_ms: Option<f64>,
-    pub flag_counts: String,
     pub flags: String,
     pub span_count: i64,
-    pub services: String,
-    pub operations: String,
     pub answer_ms: Option<f64>,
-    pub origins: String,
+    /// The trace's names, flag counts and lists (`pack_detail`).
+    pub packed_detail: Vec<u8>,
     /// The trace's hop samples (`rollup::pack_hops`).
     pub packed_hops: Vec<u8>,
     pub rules_version: i64,
@@ -358,8 +354,8 @@ const SUMMARY_UPSERT: &str = " ON CONFLICT (trace_id) DO UPDATE SET \
      span_count = excluded.span_count, services = excluded.services, \
      operations = excluded.operations, answer_ms = excluded.answer_ms, \
      origins = excluded.origins, rules_version = excluded.rules_version, \
-     tolerance_ms = excluded.tolerance_ms, flags = excluded.flags, hops = excluded.hops, \
-     packed_hops = excluded.packed_hops";
+     tolerance_ms = excluded.tolerance_ms, packed_detail = excluded.packed_detail, \
+     flags = excluded.flags, hops = excluded.hops, packed_hops = excluded.packed_hops";
 
 /// The upsert of summary rows, one statement for all of `rows` (both backends; the caller
 /// keeps each statement within its backend's parameter limit).
@@ -375,25 +371,27 @@ where
     let mut upsert: QueryBuilder<DB> = QueryBuilder::new(format!(
         "INSERT INTO trace_summaries ({SUMMARY_COLUMNS}, flags, packed_hops) "
     ));
+    // The names and lists a summary kept as text before they were packed are left empty.
     upsert.push_values(rows, |mut b, row| {
         b.push_bind(row.trace_id.clone())
-            .push_bind(row.root_service.clone())
-            .push_bind(row.root_name.clone())
+            .push_bind(String::new())
+            .push_bind(String::new())
             .push_bind(row.start_unix_nano)
             .push_bind(row.duration_ms)
             .push_bind(row.budget_ms)
             .push_bind(row.outcome.to_string())
-            .push_bind(row.burner_service.clone())
-            .push_bind(row.burner_name.clone())
+            .push_bind(None::<String>)
+            .push_bind(None::<String>)
             .push_bind(row.burner_self_ms)
-            .push_bind(row.flag_counts.clone())
+            .push_bind(String::new())
             .push_bind(row.span_count)
-            .push_bind(row.services.clone())
-            .push_bind(row.operations.clone())
+            .push_bind(String::new())
+            .push_bind(String::new())
             .push_bind(row.answer_ms)
-            .push_bind(row.origins.clone())
+            .push_bind(String::new())
             .push_bind(row.rules_version)
             .push_bind(row.tolerance_ms)
+            .push_bind(row.packed_detail.clone())
             .push_bind(row.flags.clone())
             .push_bind(row.packed_hops.clone());
     });
@@ -401,66 +399,66 @@ where
     upsert
 }
 
-/// The substring a `services` column contains when the trace has `service`.
-pub(crate) fn service_needle(service: &str) -> String {
-    format!("\n{service}\n")
-}
-
-/// The substring an `operations` column contains for this operation.
-pub(crate) fn operation_needle(service: Option<&str>, name: &str) -> String {
-    match service {
-        Some(service) => format!("\n{service}\t{name}\n"),
-        None => format!("\t{name}\n"),
-    }
-}
-
-pub(crate) fn flag_needle(flag: Flag) -> String {
-    format!(",{},", flag.as_str())
-}
-
+/// A summary as the columns `summary_upsert` writes.
 pub(crate) fn encode_summary(
     summary: &TraceSummary,
     hops: &[HopSample],
-    dictionaries: &Dictionaries,
+    hop_dictionaries: &Dictionaries,
+    summary_dictionaries: &Dictionaries,
 ) -> Result<SummaryRow, StoreError> {
-    let flag_counts: BTreeMap<&str, usize> = summary
-        .flag_counts
-        .iter()
-        .map(|(flag, n)| (flag.as_str(), *n))
-        .collect();
     let flags: String = summary
         .flag_counts
         .keys()
         .map(|f| format!(",{}", f.as_str()))
         .collect::<String>()
         + ",";
-    let services = summary
-        .services
-        .iter()
-        .fold(String::from("\n"), |acc, s| acc + s + "\n");
-    let operations = encode_operations(&summary.operations);
     Ok(SummaryRow {
         trace_id: summary.trace_id.0.to_vec(),
-        root_service: summary.root_service.clone(),
-        root_name: summary.root_name.clone(),
         start_unix_nano: i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX),
         duration_ms: summary.duration_ms,
         budget_ms: summary.budget_ms,
         outcome: summary.outcome.as_str(),
-        burner_service: summary.burner.as_ref().map(|b| b.0.clone()),
-        burner_name: summary.burner.as_ref().map(|b| b.1.clone()),
         burner_self_ms: summary.burner.as_ref().map(|b| b.2),
-        flag_counts: serde_json::to_string(&flag_counts).unwrap_or_else(|_| "{}".into()),
         flags,
         span_count: summary.span_count as i64,
-        services,
-        operations,
         answer_ms: summary.answer_ms,
-        origins: encode_operations(&summary.origins),
-        packed_hops: pack_hops(hops, dictionaries)?,
+        packed_detail: summary_dictionaries.compress(&pack_detail(summary))?,
+        packed_hops: pack_hops(hops, hop_dictionaries)?,
         rules_version: i64::from(summary.version.rules),
         tolerance_ms: summary.version.tolerance_ms,
     })
+}
+
+/// The version of `pack_detail`'s layout, its first byte.
+const DETAIL_FORMAT: u8 = 1;
+
+/// A summary's names, flag counts and lists, which no search reads in SQL (they are found
+/// through its terms), as one frame to compress: the root's service and name, the burner's
+/// (if any), the flag counts as JSON, then the services, operations and origins as the
+/// text columns held them.
+fn pack_detail(summary: &TraceSummary) -> Vec<u8> {
+    let flag_counts: BTreeMap<&str, usize> = summary
+        .flag_counts
+        .iter()
+        .map(|(flag, n)| (flag.as_str(), *n))
+        .collect();
+    let services = summary
+        .services
+        .iter()
+        .fold(String::from("\n"), |acc, s| acc + s + "\n");
+    let mut frame = vec![DETAIL_FORMAT];
+    put_text(&mut frame, &summary.root_service);
+    put_text(&mut frame, &summary.root_name);
+    put_optional_text(&mut frame, summary.burner.as_ref().map(|b| b.0.as_str()));
+    put_optional_text(&mut frame, summary.burner.as_ref().map(|b| b.1.as_str()));
+    put_text(
+        &mut frame,
+        &serde_json::to_string(&flag_counts).unwrap_or_else(|_| "{}".into()),
+    );
+    put_text(&mut frame, &services);
+    put_text(&mut frame, &encode_operations(&summary.operations));
+    put_text(&mut frame, &encode_operations(&summary.origins));
+    frame
 }
 
 /// What a healthy trace's summary holds: no flag (`flags` is then ","), and an outcome
@@ -472,7 +470,7 @@ pub(crate) fn is_healthy(summary: &TraceSummary) -> bool {
     summary.flag_counts.is_empty() && matches!(summary.outcome, Outcome::Ok | Outcome::NoBudget)
 }
 
-/// (service, name) pairs as "\nSERVICE\tNAME\n…", so `operation_needle` finds one.
+/// (service, name) pairs as "\nSERVICE\tNAME\n…".
 fn encode_operations(operations: &[(String, String)]) -> String {
     operations
         .iter()
@@ -491,7 +489,7 @@ fn decode_operations(text: &str) -> Vec<(String, String)> {
 /// The column list both backends select, in `StoredSummary` order.
 pub(crate) const SUMMARY_COLUMNS: &str = "trace_id, root_service, root_name, start_unix_nano, duration_ms, \
      budget_ms, outcome, burner_service, burner_name, burner_self_ms, flag_counts, span_count, services, operations, \
-     answer_ms, origins, rules_version, tolerance_ms";
+     answer_ms, origins, rules_version, tolerance_ms, packed_detail";
 
 #[derive(sqlx::FromRow)]
 pub(crate) struct StoredSummary {
@@ -513,11 +511,35 @@ pub(crate) struct StoredSummary {
     pub origins: String,
     pub rules_version: i64,
     pub tolerance_ms: f64,
+    /// `pack_detail`'s frame, compressed; None in a summary written before, which keeps
+    /// those values in its text columns.
+    pub packed_detail: Option<Vec<u8>>,
 }
 
 impl StoredSummary {
-    pub fn decode(self) -> Result<TraceSummary, StoreError> {
+    /// The summary; its packed detail read with `dictionaries` (loaded for it first:
+    /// `Dictionaries::load_for`).
+    pub fn decode(mut self, dictionaries: &Dictionaries) -> Result<TraceSummary, StoreError> {
         let corrupt = |what: &str| StoreError::Corrupt(format!("trace summary {what}"));
+        if let Some(packed) = self.packed_detail.take() {
+            let frame = dictionaries.decompress(&packed)?;
+            let mut r = Reader::new(&frame);
+            let mut unpack = || -> Result<(), StoreError> {
+                if r.byte()? != DETAIL_FORMAT {
+                    return Err(corrupt("detail of an unknown format"));
+                }
+                self.root_service = r.text()?.to_string();
+                self.root_name = r.text()?.to_string();
+                self.burner_service = r.optional_text()?.map(str::to_string);
+                self.burner_name = r.optional_text()?.map(str::to_string);
+                self.flag_counts = r.text()?.to_string();
+                self.services = r.text()?.to_string();
+                self.operations = r.text()?.to_string();
+                self.origins = r.text()?.to_string();
+                Ok(())
+            };
+            unpack().map_err(|_| corrupt("detail"))?;
+        }
         let counts: BTreeMap<String, usize> =
             serde_json::from_str(&self.flag_counts).map_err(|_| corrupt("flag counts"))?;
         Ok(TraceSummary {
@@ -589,40 +611,41 @@ pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
     terms
 }
 
-/// The most selective term of a query, to drive the search from: an origin hop, a flag,
-/// then an operation, then a service, then an outcome.
-pub(crate) fn driving_term(query: &TraceQuery) -> Option<String> {
+/// The terms a query asks a trace to have (`terms`), most selective first: an origin hop,
+/// a flag, then an operation, then a service (implied by an operation of it).
+fn required_terms(query: &TraceQuery) -> Vec<String> {
+    let mut required = Vec::new();
     if let Some((service, operation)) = &query.origin {
-        return Some(format!("origin:{service}\t{operation}"));
+        required.push(format!("origin:{service}\t{operation}"));
     }
     if let Some(flag) = query.flag {
-        return Some(format!("flag:{}", flag.as_str()));
+        required.push(format!("flag:{}", flag.as_str()));
     }
     match (&query.service, &query.operation) {
-        (Some(service), Some(operation)) => return Some(format!("op:{service}\t{operation}")),
-        (None, Some(operation)) => return Some(format!("opname:{operation}")),
-        (Some(service), None) => return Some(format!("service:{service}")),
+        (Some(service), Some(operation)) => required.push(format!("op:{service}\t{operation}")),
+        (None, Some(operation)) => required.push(format!("opname:{operation}")),
+        (Some(service), None) => required.push(format!("service:{service}")),
         (None, None) => {}
     }
-    query.outcome.map(|o| format!("outcome:{}", o.as_str()))
+    required
 }
 
-/// The backend-neutral start of a trace search: the driving term (or the summaries' start
-/// index), the summary filters and the time range. `instr` names the backend's
-/// substring-position function (`instr` on SQLite, `strpos` on Postgres). Returns the
-/// builder and the alias (`t` or `ts`) whose start and trace id order the results; the
-/// caller adds the keyset cursor and attribute filters, then `finish_search`.
-pub(crate) fn start_search<DB: Database>(
-    query: &TraceQuery,
-    instr: &str,
-) -> (QueryBuilder<DB>, &'static str)
+/// The backend-neutral start of a trace search: the index of its most selective term (or,
+/// with none, the summaries' start index), each other term it requires looked up by its
+/// key, the summary filters and the time range. Returns the builder and the alias (`t` or
+/// `ts`) whose start and trace id order the results; the caller adds the keyset cursor and
+/// attribute filters, then `finish_search`.
+pub(crate) fn start_search<DB: Database>(query: &TraceQuery) -> (QueryBuilder<DB>, &'static str)
 where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
     f64: for<'t> Encode<'t, DB> + Type<DB>,
 {
     let columns = summary_columns_ts();
-    let term = driving_term(query);
+    let mut required = required_terms(query).into_iter();
+    let term = required
+        .next()
+        .or_else(|| query.outcome.map(|o| format!("outcome:{}", o.as_str())));
     let order = if term.is_some() { "t" } else { "ts" };
     let mut q: QueryBuilder<DB> = match term {
         Some(term) => {
@@ -637,30 +660,13 @@ where
             "SELECT {columns} FROM trace_summaries ts WHERE 1 = 1"
         )),
     };
-    let needles = [
-        ("services", query.service.as_deref().map(service_needle)),
-        (
-            "operations",
-            query
-                .operation
-                .as_deref()
-                .map(|operation| operation_needle(query.service.as_deref(), operation)),
-        ),
-        ("flags", query.flag.map(flag_needle)),
-        (
-            "origins",
-            query
-                .origin
-                .as_ref()
-                .map(|(service, operation)| operation_needle(Some(service), operation)),
-        ),
-    ];
-    for (column, needle) in needles {
-        if let Some(needle) = needle {
-            q.push(format!(" AND {instr}(ts.{column}, "))
-                .push_bind(needle)
-                .push(") > 0");
-        }
+    for term in required {
+        q.push(
+            " AND EXISTS (SELECT 1 FROM trace_terms x WHERE x.term_id = \
+             (SELECT id FROM search_terms WHERE term = ",
+        )
+        .push_bind(term)
+        .push(") AND x.start_unix_nano = ts.start_unix_nano AND x.trace_id = ts.trace_id)");
     }
     if let Some(outcome) = query.outcome {
         q.push(" AND ts.outcome = ")

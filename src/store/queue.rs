@@ -115,14 +115,25 @@ where
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let minutes =
-            write_summaries::<B>(&mut tx, traces, replace, &self.hop_dictionaries).await?;
+        let minutes = write_summaries::<B>(
+            &mut tx,
+            traces,
+            replace,
+            &self.hop_dictionaries,
+            &self.summary_dictionaries,
+        )
+        .await?;
         tx.commit().await?;
         writer.done();
         drop(writer);
         // The dictionary, once trained, is in the store before the next summary uses it.
-        if let Err(error) = self.hop_dictionaries.train_when_ready(&self.backend).await {
-            tracing::warn!(%error, "could not train or store a compression dictionary for hop samples; they stay plainly compressed until a later try succeeds");
+        for (dictionaries, what) in [
+            (&self.hop_dictionaries, "hop samples"),
+            (&self.summary_dictionaries, "summaries"),
+        ] {
+            if let Err(error) = dictionaries.train_when_ready(&self.backend).await {
+                tracing::warn!(%error, "could not train or store a compression dictionary for {what}; they stay plainly compressed until a later try succeeds");
+            }
         }
         Ok(minutes)
     }

@@ -428,7 +428,7 @@ where
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
         if query.attrs.is_empty() {
-            return search_page(&self.backend, query).await;
+            return search_page(&self.backend, &self.summary_dictionaries, query).await;
         }
         // Attribute filters look into spans, which blocks keep compressed: summaries are
         // taken a page at a time, newest first, and kept when their spans match, until the
@@ -439,7 +439,7 @@ where
         // each time, so a rare attribute costs few round trips.
         page.limit = query.limit.clamp(FIRST_ATTR_PAGE, MAX_ATTR_PAGE);
         loop {
-            let summaries = search_page(&self.backend, &page).await?;
+            let summaries = search_page(&self.backend, &self.summary_dictionaries, &page).await?;
             let full = summaries.len() >= page.limit as usize;
             let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
             let matching =
@@ -576,7 +576,11 @@ const FIRST_ATTR_PAGE: u32 = 20;
 const MAX_ATTR_PAGE: u32 = 1_000;
 
 /// One page of a search, attribute filters left aside.
-async fn search_page<B>(backend: &B, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError>
+async fn search_page<B>(
+    backend: &B,
+    dictionaries: &Dictionaries,
+    query: &TraceQuery,
+) -> Result<Vec<TraceSummary>, StoreError>
 where
     B: Backend,
     for<'c> &'c Pool<B::Db>: Executor<'c, Database = B::Db>,
@@ -585,16 +589,22 @@ where
     i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     f64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
 {
     // Drive from the index of the most selective term when there is one (newest first
     // through the primary key); otherwise from the summaries' start index.
-    let (mut q, order) = start_search::<B::Db>(query, B::SUBSTRING);
+    let (mut q, order) = start_search::<B::Db>(query);
     if let Some(cursor) = query.cursor {
         B::push_after(&mut q, order, cursor);
     }
     finish_search(&mut q, order, query.limit);
     let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(backend.reader()).await?;
-    rows.into_iter().map(StoredSummary::decode).collect()
+    let packed = rows.iter().filter_map(|row| row.packed_detail.as_deref());
+    dictionaries.load_for(backend.reader(), packed).await?;
+    rows.into_iter()
+        .map(|row| row.decode(dictionaries))
+        .collect()
 }
 
 /// The traces among `ids` where each filter holds on one of their spans.

@@ -45,6 +45,7 @@ pub(crate) async fn write_summaries<B: Backend>(
     traces: &[(TraceSummary, Vec<HopSample>)],
     replace: Replace<'_>,
     hop_dictionaries: &Dictionaries,
+    summary_dictionaries: &Dictionaries,
 ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
 where
     for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
@@ -135,11 +136,13 @@ where
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
         }
-        delete_terms::<B::Db>(conn, chunk).await?;
+        delete_terms::<B::Db>(conn, chunk, summary_dictionaries).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
-        .map(|(summary, hops)| encode_summary(summary, hops, hop_dictionaries))
+        .map(|(summary, hops)| {
+            encode_summary(summary, hops, hop_dictionaries, summary_dictionaries)
+        })
         .collect::<Result<_, _>>()?;
     // One upsert may not touch a row twice; sorted ids also keep lock order stable.
     rows.sort_by(|a, b| a.trace_id.cmp(&b.trace_id));
@@ -403,6 +406,7 @@ pub(crate) async fn delete_summaries_before<DB: Database>(
     cutoff: i64,
     traces_cutoff: i64,
     limit: u32,
+    dictionaries: &Dictionaries,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -413,13 +417,14 @@ where
     for<'r> (Vec<u8>,): FromRow<'r, DB::Row>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
     for<'r> (String, i64): FromRow<'r, DB::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, DB::Row>,
 {
     let mut operations =
         QueryBuilder::<DB>::new("DELETE FROM operations WHERE last_seen_unix_nano < ");
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
     let ids = oldest_summaries::<DB>(conn, "TRUE", traces_cutoff, i64::from(limit)).await?;
-    delete_summaries::<DB>(conn, &ids).await?;
+    delete_summaries::<DB>(conn, &ids, dictionaries).await?;
     for table in [
         "hop_rollups",
         "hop_rollups_hourly",
@@ -467,6 +472,7 @@ where
 pub(crate) async fn delete_summaries<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
+    dictionaries: &Dictionaries,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -476,9 +482,10 @@ where
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
     for<'r> (String, i64): FromRow<'r, DB::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, DB::Row>,
 {
     for chunk in ids.chunks(CHUNK) {
-        delete_terms::<DB>(conn, chunk).await?;
+        delete_terms::<DB>(conn, chunk, dictionaries).await?;
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
         push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
         delete.build().execute(&mut *conn).await?;
@@ -493,6 +500,7 @@ where
 pub(crate) async fn delete_terms<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
+    dictionaries: &Dictionaries,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -502,6 +510,7 @@ where
     Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
     for<'r> StoredSummary: FromRow<'r, DB::Row>,
     for<'r> (String, i64): FromRow<'r, DB::Row>,
+    for<'r> (i64, Vec<u8>): FromRow<'r, DB::Row>,
 {
     if ids.is_empty() {
         return Ok(());
@@ -511,9 +520,11 @@ where
     ));
     push_list(&mut q, ids.iter().map(|id| id.0.to_vec()));
     let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&mut *conn).await?;
+    let packed = rows.iter().filter_map(|row| row.packed_detail.as_deref());
+    dictionaries.load_for(&mut *conn, packed).await?;
     let keys: Vec<(String, i64, Vec<u8>)> = rows
         .into_iter()
-        .filter_map(|row| row.decode().ok())
+        .filter_map(|row| row.decode(dictionaries).ok())
         .flat_map(|summary| {
             let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
             let id = summary.trace_id.0.to_vec();

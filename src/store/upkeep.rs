@@ -82,7 +82,14 @@ where
             .iter()
             .map(|(n,)| n.max(&0).unsigned_abs())
             .sum::<u64>();
-        delete_summaries_before::<B::Db>(&mut tx, cutoff, traces_cutoff, limit).await?;
+        delete_summaries_before::<B::Db>(
+            &mut tx,
+            cutoff,
+            traces_cutoff,
+            limit,
+            &self.summary_dictionaries,
+        )
+        .await?;
         tx.commit().await?;
         writer.done();
         Ok(deleted)
@@ -113,7 +120,7 @@ where
                 QueryBuilder::<B::Db>::new("DELETE FROM trace_blocks WHERE trace_id IN ");
             push_list(&mut delete, ids.iter().map(|id| id.0.to_vec()));
             delete.build().execute(&mut *tx).await?;
-            delete_summaries::<B::Db>(&mut tx, &ids).await?;
+            delete_summaries::<B::Db>(&mut tx, &ids, &self.summary_dictionaries).await?;
         }
         tx.commit().await?;
         writer.done();
