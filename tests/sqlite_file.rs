@@ -400,3 +400,57 @@ async fn a_summary_with_its_names_as_text_reads_as_before() {
         .unwrap();
     assert_eq!(terms, 0, "the terms went with the summary");
 }
+
+/// A store from before terms lost their (service, operation) pairs: migration 26 deletes
+/// those rows, and a search for a service's operation finds what it found.
+#[tokio::test]
+async fn a_store_migrated_without_pair_terms_finds_what_it_found() {
+    use budgetscope::core::analyze::fixture;
+    use budgetscope::core::model::TraceId;
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    let mut trace = fixture::parse(common::HEALTHY_CHAIN);
+    for span in &mut trace {
+        span.trace_id = TraceId::from_bytes(&9u128.to_be_bytes()).unwrap();
+    }
+    store.write_spans(&trace).await.unwrap();
+    common::analyse_waiting(store.as_ref()).await;
+    let query = TraceQuery {
+        service: Some("x".into()),
+        operation: Some("GET /x".into()),
+        limit: 10,
+        ..Default::default()
+    };
+    let before = store.search_traces(&query).await.unwrap();
+    assert_eq!(before.len(), 1);
+    drop(store);
+    // The pair's term as stores before migration 26 held it.
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    let count = |sql: &str| -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(sql, [], |row| row.get(0))
+            .unwrap()
+    };
+    let terms = count("SELECT count(*) FROM trace_terms");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "INSERT INTO search_terms (term) VALUES ('op:x\tGET /x');
+             INSERT INTO trace_terms SELECT s.id, t.start_unix_nano, t.trace_id \
+               FROM trace_terms t, search_terms s \
+               WHERE s.term = 'op:x\tGET /x' AND t.term_id = (SELECT min(term_id) FROM trace_terms);
+             DELETE FROM _sqlx_migrations WHERE version = 26;",
+        )
+        .unwrap();
+    assert_eq!(count("SELECT count(*) FROM trace_terms"), terms + 1);
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    assert_eq!(store.search_traces(&query).await.unwrap(), before);
+    assert_eq!(count("SELECT count(*) FROM trace_terms"), terms);
+    assert_eq!(
+        count("SELECT count(*) FROM search_terms WHERE term LIKE 'op:%'"),
+        0
+    );
+}

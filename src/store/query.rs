@@ -146,6 +146,26 @@ pub struct TraceQuery {
     pub cursor: Option<Cursor>,
 }
 
+impl TraceQuery {
+    /// Whether a summary its terms found has the service and operation it asks for as one
+    /// hop or root: its terms say only that the trace has both (`terms`).
+    pub(crate) fn pair_matches(&self, summary: &TraceSummary) -> bool {
+        match (&self.service, &self.operation) {
+            (Some(service), Some(operation)) => summary
+                .operations
+                .iter()
+                .any(|(s, n)| s == service && n == operation),
+            _ => true,
+        }
+    }
+
+    /// Whether some of what it asks is checked on the found summaries and their spans, so
+    /// that a page of the database's answers may keep fewer than it holds.
+    pub(crate) fn checked_after(&self) -> bool {
+        !self.attrs.is_empty() || (self.service.is_some() && self.operation.is_some())
+    }
+}
+
 /// The traces due for analysis: quiet ones, whose last spans were committed before
 /// `quiet_before`, and ones still receiving spans that have waited since before
 /// `waiting_before` (`--max-trace-wait`), at most `limit` traces, longest waiting first.
@@ -580,13 +600,9 @@ impl StoredSummary {
 /// The index terms of a summary (migrations/*/0004_trace_terms.sql).
 pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
     let mut terms: Vec<String> = Vec::new();
+    // No term per (service, operation): a search for one finds the operation's name and the
+    // service, and keeps the traces that have the pair (`TraceQuery::pair_matches`).
     terms.extend(summary.services.iter().map(|s| format!("service:{s}")));
-    terms.extend(
-        summary
-            .operations
-            .iter()
-            .map(|(s, n)| format!("op:{s}\t{n}")),
-    );
     terms.extend(
         summary
             .operations
@@ -612,7 +628,7 @@ pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
 }
 
 /// The terms a query asks a trace to have (`terms`), most selective first: an origin hop,
-/// a flag, then an operation, then a service (implied by an operation of it).
+/// a flag, then an operation's name, then a service.
 fn required_terms(query: &TraceQuery) -> Vec<String> {
     let mut required = Vec::new();
     if let Some((service, operation)) = &query.origin {
@@ -621,11 +637,11 @@ fn required_terms(query: &TraceQuery) -> Vec<String> {
     if let Some(flag) = query.flag {
         required.push(format!("flag:{}", flag.as_str()));
     }
-    match (&query.service, &query.operation) {
-        (Some(service), Some(operation)) => required.push(format!("op:{service}\t{operation}")),
-        (None, Some(operation)) => required.push(format!("opname:{operation}")),
-        (Some(service), None) => required.push(format!("service:{service}")),
-        (None, None) => {}
+    if let Some(operation) = &query.operation {
+        required.push(format!("opname:{operation}"));
+    }
+    if let Some(service) = &query.service {
+        required.push(format!("service:{service}"));
     }
     required
 }

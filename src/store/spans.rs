@@ -427,24 +427,31 @@ where
     }
 
     async fn search_traces(&self, query: &TraceQuery) -> Result<Vec<TraceSummary>, StoreError> {
-        if query.attrs.is_empty() {
+        if !query.checked_after() {
             return search_page(&self.backend, &self.summary_dictionaries, query).await;
         }
-        // Attribute filters look into spans, which blocks keep compressed: summaries are
-        // taken a page at a time, newest first, and kept when their spans match, until the
-        // limit is reached or no summary is left.
+        // Attribute filters look into spans, which blocks keep compressed, and a service's
+        // operation is checked on the summaries the terms found: summaries are taken a page
+        // at a time, newest first, and kept when they match, until the limit is reached or
+        // no summary is left.
         let mut found = Vec::new();
         let mut page = query.clone();
         // As many as asked for first (most searches find them there), then twice as many
         // each time, so a rare attribute costs few round trips.
-        page.limit = query.limit.clamp(FIRST_ATTR_PAGE, MAX_ATTR_PAGE);
+        page.limit = query.limit.clamp(FIRST_CHECKED_PAGE, MAX_CHECKED_PAGE);
         loop {
             let summaries = search_page(&self.backend, &self.summary_dictionaries, &page).await?;
             let full = summaries.len() >= page.limit as usize;
-            let ids: Vec<TraceId> = summaries.iter().map(|s| s.trace_id).collect();
-            let matching =
-                traces_matching(&self.backend, &self.block_dictionaries, &ids, &query.attrs)
-                    .await?;
+            let ids: Vec<TraceId> = summaries
+                .iter()
+                .filter(|s| query.pair_matches(s))
+                .map(|s| s.trace_id)
+                .collect();
+            let matching = if query.attrs.is_empty() {
+                ids.into_iter().collect()
+            } else {
+                traces_matching(&self.backend, &self.block_dictionaries, &ids, &query.attrs).await?
+            };
             for summary in summaries {
                 page.cursor = Some(Cursor {
                     start_unix_nano: summary.start_unix_nano,
@@ -460,7 +467,7 @@ where
             if !full {
                 return Ok(found);
             }
-            page.limit = (page.limit * 2).min(MAX_ATTR_PAGE);
+            page.limit = (page.limit * 2).min(MAX_CHECKED_PAGE);
         }
     }
 
@@ -570,10 +577,10 @@ where
         .next())
 }
 
-/// Summaries a search asks for at a time while attribute filters look into their spans:
-/// at first, and at most.
-const FIRST_ATTR_PAGE: u32 = 20;
-const MAX_ATTR_PAGE: u32 = 1_000;
+/// Summaries a search asks for at a time while what it asks is checked after the
+/// database's answer (`TraceQuery::checked_after`): at first, and at most.
+const FIRST_CHECKED_PAGE: u32 = 20;
+const MAX_CHECKED_PAGE: u32 = 1_000;
 
 /// One page of a search, attribute filters left aside.
 async fn search_page<B>(
