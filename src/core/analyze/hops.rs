@@ -183,7 +183,40 @@ pub fn samples(spans: &[Span], analysis: &Analysis) -> Vec<HopSample> {
             sample.counts[origin] += 1;
         }
     }
-    by_span.into_values().collect()
+    let mut samples: Vec<HopSample> = by_span.into_values().collect();
+    for sample in &mut samples {
+        sample.round_to_nanoseconds();
+    }
+    samples
+}
+
+/// A time in milliseconds, or a ratio, to six decimals: a nanosecond, the precision of
+/// span times, so that a stored sample's numbers stay short (BENCHMARKS.md, "Disk per
+/// span"); one far beyond any span's (±9·10⁹ ms) is kept as it is.
+fn six_decimals(value: f64) -> f64 {
+    let scaled = (value * 1e6).round();
+    if scaled.abs() < 9e15 {
+        scaled / 1e6
+    } else {
+        value
+    }
+}
+
+impl HopSample {
+    /// Rounds its times and ratios (`six_decimals`) before anything adds it up or stores
+    /// it, so that a re-analysis takes out exactly what it added.
+    fn round_to_nanoseconds(&mut self) {
+        self.budget_ms = self.budget_ms.map(six_decimals);
+        self.burn = self.burn.map(six_decimals);
+        self.self_ms = six_decimals(self.self_ms);
+        self.wasted_ms = six_decimals(self.wasted_ms);
+        self.critical.ms = six_decimals(self.critical.ms);
+        self.advice.tail_ms = self.advice.tail_ms.map(six_decimals);
+        self.advice.kept_ms = self.advice.kept_ms.map(six_decimals);
+        if let Some(request) = &mut self.advice.request {
+            request.need_ms = request.need_ms.map(six_decimals);
+        }
+    }
 }
 
 /// Per hop identity and minute: counts and histograms. `add` with weight −1 removes.
@@ -503,6 +536,20 @@ mod tests {
     use crate::core::analyze::edges::EDGE_COUNTED;
     use crate::core::analyze::fixture::parse;
     use crate::core::analyze::{AnalyzeOptions, analyze};
+
+    #[test]
+    fn sample_times_are_kept_to_the_nanosecond() {
+        assert_eq!(six_decimals(73.31157999999999), 73.31158);
+        assert_eq!(six_decimals(0.037027968678159814), 0.037028);
+        assert_eq!(six_decimals(-0.14067687081637814), -0.140677);
+        assert_eq!(six_decimals(38.759919), 38.759919);
+        assert_eq!(six_decimals(1e300), 1e300);
+        assert!(six_decimals(f64::NAN).is_nan());
+        assert_eq!(
+            format!("{}", six_decimals(1046.7741111291837)),
+            "1046.774111"
+        );
+    }
 
     #[test]
     fn quantiles_are_within_the_bucket_precision() {
