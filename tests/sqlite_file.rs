@@ -280,18 +280,16 @@ async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
     assert_eq!((taken, done.traces), (2, 2));
 }
 
-/// A store from before search terms were kept by id: its index of terms is carried over,
-/// and searches driven by a term find the same traces.
-#[tokio::test]
-async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
+/// A SQLite store holding the healthy chain once per id in `ids`, analysed and compacted.
+async fn analysed_chains(
+    db: &TestDb,
+    ids: &[u128],
+) -> std::sync::Arc<dyn budgetscope::store::Store> {
     use budgetscope::core::analyze::fixture;
     use budgetscope::core::model::TraceId;
-    use budgetscope::store::query::TraceQuery;
-
-    let db = TestDb::sqlite();
     let store = budgetscope::store::open(&db.url).await.unwrap();
     let mut spans = Vec::new();
-    for id in 1..=3u128 {
+    for id in ids {
         let mut trace = fixture::parse(common::HEALTHY_CHAIN);
         for span in &mut trace {
             span.trace_id = TraceId::from_bytes(&id.to_be_bytes()).unwrap();
@@ -300,6 +298,17 @@ async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
     }
     store.write_spans(&spans).await.unwrap();
     common::analyse_waiting(store.as_ref()).await;
+    store
+}
+
+/// A store from before search terms were kept by id: its index of terms is carried over,
+/// and searches driven by a term find the same traces.
+#[tokio::test]
+async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = analysed_chains(&db, &[1, 2, 3]).await;
     let query = TraceQuery {
         service: Some("x".into()),
         limit: 10,
@@ -331,18 +340,10 @@ async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
 /// as before, and retention finds its terms from it.
 #[tokio::test]
 async fn a_summary_with_its_names_as_text_reads_as_before() {
-    use budgetscope::core::analyze::fixture;
-    use budgetscope::core::model::TraceId;
     use budgetscope::store::query::TraceQuery;
 
     let db = TestDb::sqlite();
-    let store = budgetscope::store::open(&db.url).await.unwrap();
-    let mut trace = fixture::parse(common::HEALTHY_CHAIN);
-    for span in &mut trace {
-        span.trace_id = TraceId::from_bytes(&7u128.to_be_bytes()).unwrap();
-    }
-    store.write_spans(&trace).await.unwrap();
-    common::analyse_waiting(store.as_ref()).await;
+    let store = analysed_chains(&db, &[7]).await;
     let query = TraceQuery {
         service: Some("x".into()),
         limit: 10,
@@ -405,18 +406,10 @@ async fn a_summary_with_its_names_as_text_reads_as_before() {
 /// those rows, and a search for a service's operation finds what it found.
 #[tokio::test]
 async fn a_store_migrated_without_pair_terms_finds_what_it_found() {
-    use budgetscope::core::analyze::fixture;
-    use budgetscope::core::model::TraceId;
     use budgetscope::store::query::TraceQuery;
 
     let db = TestDb::sqlite();
-    let store = budgetscope::store::open(&db.url).await.unwrap();
-    let mut trace = fixture::parse(common::HEALTHY_CHAIN);
-    for span in &mut trace {
-        span.trace_id = TraceId::from_bytes(&9u128.to_be_bytes()).unwrap();
-    }
-    store.write_spans(&trace).await.unwrap();
-    common::analyse_waiting(store.as_ref()).await;
+    let store = analysed_chains(&db, &[9]).await;
     let query = TraceQuery {
         service: Some("x".into()),
         operation: Some("GET /x".into()),
