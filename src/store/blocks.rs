@@ -676,7 +676,7 @@ fn decode(trace_id: &[u8], frame: &[u8]) -> Result<Vec<StoredRow>, StoreError> {
         .collect())
 }
 
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;

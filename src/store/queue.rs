@@ -9,7 +9,7 @@ use super::edges::StoredEdge;
 use super::query::{Backlog, Cursor, DueQuery, StaleQuery, StoredSummary};
 use super::rollup::StoredRollup;
 use super::rows::decode_positions;
-use super::summaries::{Replace, stale_count, stale_query, write_summaries};
+use super::summaries::{Replace, ReplacedSummary, stale_count, stale_query, write_summaries};
 use super::{AnalysisQueue, StoreError};
 use crate::core::analyze::AnalysisVersion;
 use crate::core::analyze::hops::{HopSample, Rollup, RollupKey};
@@ -34,7 +34,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> ReplacedSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>, i64): FromRow<'r, <B::Db as Database>::Row>,
@@ -102,7 +102,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> ReplacedSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (i64, Vec<u8>): FromRow<'r, <B::Db as Database>::Row>,

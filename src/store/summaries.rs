@@ -54,7 +54,7 @@ where
     for<'r> StoredEdge: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> StoredSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String,): FromRow<'r, <B::Db as Database>::Row>,
-    for<'r> (Vec<u8>, String, Option<Vec<u8>>): FromRow<'r, <B::Db as Database>::Row>,
+    for<'r> ReplacedSummary: FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (String, i64): FromRow<'r, <B::Db as Database>::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
@@ -121,22 +121,27 @@ where
     // The traces that had a summary: only they can have a block already.
     let mut summarised = Vec::new();
     for chunk in replaced.chunks(CHUNK) {
-        let ids = || chunk.iter().map(|id| id.0.to_vec());
-        let mut old = QueryBuilder::<B::Db>::new(
-            "SELECT trace_id, hops, packed_hops FROM trace_summaries WHERE trace_id IN ",
-        );
-        push_list(&mut old, ids());
-        let old: Vec<(Vec<u8>, String, Option<Vec<u8>>)> =
-            old.build_query_as().fetch_all(&mut *conn).await?;
-        let packed = old.iter().filter_map(|(_, _, packed)| packed.as_deref());
+        // Each old summary is read once: its samples come back out, its terms go.
+        let mut old = QueryBuilder::<B::Db>::new(format!(
+            "SELECT {SUMMARY_COLUMNS}, hops, packed_hops FROM trace_summaries WHERE trace_id IN "
+        ));
+        push_list(&mut old, chunk.iter().map(|id| id.0.to_vec()));
+        let old: Vec<ReplacedSummary> = old.build_query_as().fetch_all(&mut *conn).await?;
+        let packed = old.iter().filter_map(|o| o.packed_hops.as_deref());
         hop_dictionaries.load_for(&mut *conn, packed).await?;
-        for (id, hops, packed) in old {
-            summarised.push(id);
-            let hops = stored_hops(&hops, packed.as_deref(), hop_dictionaries);
+        let packed = old
+            .iter()
+            .filter_map(|o| o.summary.packed_detail.as_deref());
+        summary_dictionaries.load_for(&mut *conn, packed).await?;
+        let mut gone = Vec::with_capacity(old.len());
+        for o in old {
+            summarised.push(o.summary.trace_id.clone());
+            let hops = stored_hops(&o.hops, o.packed_hops.as_deref(), hop_dictionaries);
             add_samples(&mut deltas, &hops, -1);
             add_edges(&mut edges, &hops, -1);
+            gone.extend(o.summary.decode(summary_dictionaries).ok());
         }
-        delete_terms::<B::Db>(conn, chunk, summary_dictionaries).await?;
+        delete_terms_of::<B::Db>(conn, &gone).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
@@ -467,6 +472,15 @@ where
         .map_err(|e| StoreError::Corrupt(format!("trace id: {e}")))
 }
 
+/// A summary about to be replaced, with the hop samples it contributed.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ReplacedSummary {
+    #[sqlx(flatten)]
+    summary: StoredSummary,
+    hops: String,
+    packed_hops: Option<Vec<u8>>,
+}
+
 /// Deletes the summaries of the traces `ids` with their search terms (found from each
 /// summary, so first).
 pub(crate) async fn delete_summaries<DB: Database>(
@@ -522,13 +536,32 @@ where
     let rows: Vec<StoredSummary> = q.build_query_as().fetch_all(&mut *conn).await?;
     let packed = rows.iter().filter_map(|row| row.packed_detail.as_deref());
     dictionaries.load_for(&mut *conn, packed).await?;
-    let keys: Vec<(String, i64, Vec<u8>)> = rows
+    let summaries: Vec<TraceSummary> = rows
         .into_iter()
         .filter_map(|row| row.decode(dictionaries).ok())
+        .collect();
+    delete_terms_of::<DB>(conn, &summaries).await
+}
+
+/// Deletes the search terms of `summaries` (as stored) by their key.
+async fn delete_terms_of<DB: Database>(
+    conn: &mut DB::Connection,
+    summaries: &[TraceSummary],
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    i64: for<'t> Encode<'t, DB> + Type<DB>,
+    String: for<'t> Encode<'t, DB> + Type<DB>,
+    Vec<u8>: for<'t> Encode<'t, DB> + Type<DB>,
+    for<'r> (String, i64): FromRow<'r, DB::Row>,
+{
+    let keys: Vec<(String, i64, Vec<u8>)> = summaries
+        .iter()
         .flat_map(|summary| {
             let start = i64::try_from(summary.start_unix_nano).unwrap_or(i64::MAX);
             let id = summary.trace_id.0.to_vec();
-            terms(&summary)
+            terms(summary)
                 .into_iter()
                 .map(move |term| (term, start, id.clone()))
         })
