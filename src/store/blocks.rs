@@ -83,6 +83,9 @@ const TEXT_COLUMNS: usize = 6;
 /// limits.
 const IDS_PER_STATEMENT: usize = 500;
 
+/// New blocks per insert: five values each, within both databases' parameter limits.
+const BLOCKS_PER_STATEMENT: usize = 100;
+
 /// One stored block as read: the trace, its generation (what a rewrite compares), the
 /// text of its rows and the compressed frame.
 #[derive(sqlx::FromRow)]
@@ -363,10 +366,39 @@ where
             .execute(&mut *tx)
             .await?;
     }
-    for rewrite in rewrites {
-        if !rewrite.write::<B>(&mut tx).await? {
-            continue;
+    // A trace's first block is inserted with others in one statement, and the rows of all
+    // written traces are deleted together: a statement per trace cost a round trip to the
+    // database each (`budgetscope-bench ingest --rate 10000`, the server's CPU).
+    let (first, later): (Vec<&Rewrite>, Vec<&Rewrite>) =
+        rewrites.iter().partition(|r| r.generation.is_none());
+    let mut written: Vec<&Rewrite> = Vec::new();
+    for chunk in first.chunks(BLOCKS_PER_STATEMENT) {
+        let inserted = insert_first_blocks::<B>(&mut tx, chunk).await?;
+        written.extend(chunk.iter().filter(|r| inserted.contains(&r.trace_id)));
+    }
+    for rewrite in later {
+        if rewrite.update::<B>(&mut tx).await? {
+            written.push(rewrite);
         }
+    }
+    let moved: Vec<(&Vec<u8>, &Vec<u8>)> = written
+        .iter()
+        .flat_map(|r| r.moved.iter().map(move |span| (&r.trace_id, span)))
+        .collect();
+    for chunk in moved.chunks(IDS_PER_STATEMENT) {
+        // The list of trace ids lets SQLite find the rows by its key's first column; on the
+        // pairs alone it scans the whole table.
+        let traces: HashSet<&Vec<u8>> = chunk.iter().map(|(trace, _)| *trace).collect();
+        let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id IN ");
+        push_list(&mut delete, traces.into_iter().cloned());
+        delete.push(" AND (trace_id, span_id) IN (");
+        delete.push_values(chunk, |mut b, (trace, span)| {
+            b.push_bind((*trace).clone()).push_bind((*span).clone());
+        });
+        delete.push(")");
+        delete.build().execute(&mut *tx).await?;
+    }
+    for rewrite in written {
         done.traces += 1;
         done.spans += rewrite.moved.len() as u64;
         done.row_bytes += rewrite.moved_bytes;
@@ -424,9 +456,12 @@ impl Rewrite {
         (self.block.len() + self.moved.len() * (SpanId::LEN + 24)) as u64
     }
 
-    /// Writes the block if it is still as read, then deletes the rows moved into it;
+    /// Writes the new block over the one read if that is still as read (its generation);
     /// false when someone else rewrote the block first (nothing is changed then).
-    async fn write<B>(&self, conn: &mut <B::Db as Database>::Connection) -> Result<bool, StoreError>
+    async fn update<B>(
+        &self,
+        conn: &mut <B::Db as Database>::Connection,
+    ) -> Result<bool, StoreError>
     where
         B: Backend,
         for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
@@ -435,77 +470,84 @@ impl Rewrite {
         i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
         for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
     {
-        // Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
-        // summary's, written before the trace was queued for compaction (none left, as
-        // retention took it: a problem trace's, kept longer).
-        let push_class = |q: &mut QueryBuilder<B::Db>, before: &str| {
-            if B::PARTITIONED {
-                q.push(format!(
-                    "{before}COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
-                ))
-                .push_bind(self.trace_id.clone())
-                .push("), FALSE)");
-            }
-        };
-        let healthy_column = if B::PARTITIONED { ", healthy" } else { "" };
-        let mut q = match self.generation {
-            None => {
-                // Not `ON CONFLICT`: a partitioned table has no key by trace id alone; the
-                // compaction lock keeps two writers from inserting at once.
-                let mut q = QueryBuilder::<B::Db>::new(format!(
-                    "INSERT INTO trace_blocks (trace_id, start_unix_nano, span_count, \
-                     text_bytes, generation, block{healthy_column}) SELECT "
-                ));
-                q.push_bind(self.trace_id.clone())
-                    .push(", ")
-                    .push_bind(self.start_unix_nano)
-                    .push(", ")
-                    .push_bind(self.span_count)
-                    .push(", ")
-                    .push_bind(self.text_bytes)
-                    .push(", 0, ")
-                    .push_bind(self.block.clone());
-                push_class(&mut q, ", ");
-                q.push(" WHERE NOT EXISTS (SELECT 1 FROM trace_blocks WHERE trace_id = ")
-                    .push_bind(self.trace_id.clone())
-                    .push(") RETURNING trace_id");
-                q
-            }
-            Some(generation) => {
-                let mut q =
-                    QueryBuilder::<B::Db>::new("UPDATE trace_blocks SET start_unix_nano = ");
-                q.push_bind(self.start_unix_nano)
-                    .push(", span_count = ")
-                    .push_bind(self.span_count)
-                    .push(", text_bytes = ")
-                    .push_bind(self.text_bytes)
-                    .push(", generation = ")
-                    .push_bind(generation + 1)
-                    .push(", block = ")
-                    .push_bind(self.block.clone());
-                push_class(&mut q, ", healthy = ");
-                q.push(" WHERE trace_id = ")
-                    .push_bind(self.trace_id.clone())
-                    .push(" AND generation = ")
-                    .push_bind(generation)
-                    .push(" RETURNING trace_id");
-                q
-            }
-        };
-        let written: Option<(Vec<u8>,)> = q.build_query_as().fetch_optional(&mut *conn).await?;
-        if written.is_none() {
+        let Some(generation) = self.generation else {
             return Ok(false);
+        };
+        let mut q = QueryBuilder::<B::Db>::new("UPDATE trace_blocks SET start_unix_nano = ");
+        q.push_bind(self.start_unix_nano)
+            .push(", span_count = ")
+            .push_bind(self.span_count)
+            .push(", text_bytes = ")
+            .push_bind(self.text_bytes)
+            .push(", generation = ")
+            .push_bind(generation + 1)
+            .push(", block = ")
+            .push_bind(self.block.clone());
+        if B::PARTITIONED {
+            // Where blocks are partitioned (`partitions.rs`), each is in its trace's class.
+            q.push(format!(
+                ", healthy = COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
+            ))
+            .push_bind(self.trace_id.clone())
+            .push("), FALSE)");
         }
-        for ids in self.moved.chunks(IDS_PER_STATEMENT) {
-            let mut delete = QueryBuilder::<B::Db>::new("DELETE FROM spans WHERE trace_id = ");
-            delete
-                .push_bind(self.trace_id.clone())
-                .push(" AND span_id IN ");
-            push_list(&mut delete, ids.iter().cloned());
-            delete.build().execute(&mut *conn).await?;
-        }
-        Ok(true)
+        q.push(" WHERE trace_id = ")
+            .push_bind(self.trace_id.clone())
+            .push(" AND generation = ")
+            .push_bind(generation)
+            .push(" RETURNING trace_id");
+        let written: Option<(Vec<u8>,)> = q.build_query_as().fetch_optional(&mut *conn).await?;
+        Ok(written.is_some())
     }
+}
+
+/// Inserts the first block of each of `rewrites` (traces that had none when read), except
+/// where one was written meanwhile; returns the traces whose block it inserted.
+async fn insert_first_blocks<B>(
+    conn: &mut <B::Db as Database>::Connection,
+    rewrites: &[&Rewrite],
+) -> Result<HashSet<Vec<u8>>, StoreError>
+where
+    B: Backend,
+    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
+    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
+    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
+    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
+{
+    // Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
+    // summary's, written before the trace was queued for compaction (none left, as
+    // retention took it: a problem trace's, kept longer). Not `ON CONFLICT`: a partitioned
+    // table has no key by trace id alone; the compaction lock keeps two writers from
+    // inserting at once.
+    let (healthy_column, healthy) = if B::PARTITIONED {
+        (
+            ", healthy",
+            format!(
+                ", COALESCE((SELECT {HEALTHY} FROM trace_summaries s WHERE s.trace_id = v.column1), FALSE)"
+            ),
+        )
+    } else {
+        ("", String::new())
+    };
+    let mut q = QueryBuilder::<B::Db>::new(format!(
+        "INSERT INTO trace_blocks (trace_id, start_unix_nano, span_count, text_bytes, \
+         generation, block{healthy_column}) \
+         SELECT v.column1, v.column2, v.column3, v.column4, 0, v.column5{healthy} FROM ("
+    ));
+    q.push_values(rewrites, |mut b, r| {
+        b.push_bind(r.trace_id.clone())
+            .push_bind(r.start_unix_nano)
+            .push_bind(r.span_count)
+            .push_bind(r.text_bytes)
+            .push_bind(r.block.clone());
+    });
+    q.push(
+        ") AS v WHERE NOT EXISTS (SELECT 1 FROM trace_blocks b WHERE b.trace_id = v.column1) \
+         RETURNING trace_id",
+    );
+    let inserted: Vec<(Vec<u8>,)> = q.build_query_as().fetch_all(&mut *conn).await?;
+    Ok(inserted.into_iter().map(|(id,)| id).collect())
 }
 
 /// The frame of `rows` (one trace's), compressed: column by column, so that like values
