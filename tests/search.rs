@@ -114,7 +114,11 @@ edge server "POST /orders" 0 1540 budget=800 method=POST http-status=504
                 "flag=inflated&origin_service=edge&origin_operation=POST%20%2Forders",
                 vec![hex(2)],
             ),
+            // "ok" has no index term: the summaries are read in time order.
             ("outcome=ok", vec![hex(1)]),
+            ("outcome=ok&service=inventory", vec![hex(1)]),
+            ("outcome=ok&service=billing", vec![]),
+            ("outcome=exceeded", vec![hex(2)]),
             ("outcome=no_budget", vec![hex(3)]),
             ("min_duration_ms=1000", vec![hex(2)]),
             ("max_duration_ms=100", vec![hex(3)]),

@@ -447,3 +447,48 @@ async fn a_store_migrated_without_pair_terms_finds_what_it_found() {
         0
     );
 }
+
+/// A store from before "ok" outcomes lost their index term: migration 28 deletes those
+/// rows, and a search for the outcome finds what it found.
+#[tokio::test]
+async fn a_store_migrated_without_ok_outcome_terms_finds_what_it_found() {
+    use budgetscope::core::analyze::Outcome;
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = analysed_chains(&db, &[9, 10]).await;
+    let query = TraceQuery {
+        outcome: Some(Outcome::Ok),
+        limit: 10,
+        ..Default::default()
+    };
+    let before = store.search_traces(&query).await.unwrap();
+    assert_eq!(before.len(), 2);
+    drop(store);
+    // The outcome's terms as stores before migration 28 held them: one per trace.
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    let count = |sql: &str| -> i64 {
+        rusqlite::Connection::open(&path)
+            .unwrap()
+            .query_row(sql, [], |row| row.get(0))
+            .unwrap()
+    };
+    let terms = count("SELECT count(*) FROM trace_terms");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "INSERT INTO search_terms (term) VALUES ('outcome:ok');
+             INSERT INTO trace_terms SELECT s.id, ts.start_unix_nano, ts.trace_id \
+               FROM trace_summaries ts, search_terms s WHERE s.term = 'outcome:ok';
+             DELETE FROM _sqlx_migrations WHERE version = 28;",
+        )
+        .unwrap();
+    assert_eq!(count("SELECT count(*) FROM trace_terms"), terms + 2);
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    assert_eq!(store.search_traces(&query).await.unwrap(), before);
+    assert_eq!(count("SELECT count(*) FROM trace_terms"), terms);
+    assert_eq!(
+        count("SELECT count(*) FROM search_terms WHERE term = 'outcome:ok'"),
+        0
+    );
+}

@@ -29,7 +29,8 @@
 //!   origins, which searches find through the terms) and its hop samples (`packed_hops`:
 //!   compressed JSON); summaries from before keep those as text (`hops`, …);
 //!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
-//!   flags and outcome, each term's text kept once in `search_terms`. A search drives from
+//!   flags, origins and outcome (except "ok", which a search finds by reading the
+//!   summaries in time order), each term's text kept once in `search_terms`. A search drives from
 //!   its most selective term newest first, looks each other term it asks for up by its key,
 //!   and stops at its limit; pagination is keyset on (start, trace id).
 //! - `hop_rollups`, `hop_rollups_hourly`: per (hop, minute or hour) counts and three
