@@ -318,6 +318,7 @@ pub async fn query_bench(bench: QueryBench) -> anyhow::Result<()> {
         "flag=inflated",
         "flag=inflated&service=inventory",
         "outcome=exceeded",
+        "outcome=ok",
         "min_duration_ms=100",
         "since=-1h",
         "min_budget_ms=1500&limit=50",
