@@ -1126,6 +1126,33 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
     }
 }
 
+/// On Postgres the rollup tables leave half of each page free, so that the many updates of
+/// a row stay on its page (HOT updates, pruned in place) instead of growing the table until
+/// a vacuum: a burst left them 50 times their live size (BENCHMARKS.md, "Disk").
+#[tokio::test]
+async fn postgres_rollup_tables_leave_room_for_updates_in_place() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let _store = store::open(&db.url).await.unwrap();
+    let options = db
+        .texts(
+            "SELECT relname || ' ' || array_to_string(reloptions, ',') FROM pg_class \
+             WHERE relnamespace = current_schema()::regnamespace AND relname LIKE '%rollups%' \
+             AND relkind = 'r' ORDER BY 1",
+        )
+        .await;
+    assert_eq!(
+        options,
+        [
+            "edge_rollups fillfactor=50",
+            "edge_rollups_hourly fillfactor=50",
+            "hop_rollups fillfactor=50",
+            "hop_rollups_hourly fillfactor=50"
+        ]
+    );
+}
+
 /// Regression: on Postgres with autovacuum off (as on the project's machine), a search for a
 /// common term sorted every match (109 ms at 57k traces) because the planner still had the
 /// statistics of an empty table. The store refreshes them as summaries accumulate.
