@@ -138,8 +138,7 @@ impl SqliteBackend {
         let reader = if in_memory {
             writer.clone()
         } else {
-            // Readers see the file through the map; their page caches hold mostly pages
-            // read from the WAL. 2 MiB each instead of 8 lowers the peak RSS at a steady 10k
+            // 2 MiB of page cache each instead of 8 lowers the peak RSS at a steady 10k
             // spans/s with the same query times (`budgetscope-bench ingest --rate 10000`,
             // `budgetscope-bench query`).
             let options = options
@@ -403,19 +402,15 @@ const CONNECTION_PRAGMAS: &[(&str, &str)] = &[
     // commit, so 64 MiB cost more per commit than it saved in reads.
     ("cache_size", "-8192"),
     ("temp_store", "memory"),
-    // Pages are read through a memory map instead of copied in by read(2): misses of the
-    // small page cache above cost a page-table walk, not a syscall and a copy.
-    ("mmap_size", "1073741824"),
+    // Pages are copied in by read(2), not read through a memory map: every page of the file
+    // a connection touched through a map counted as the server's resident memory, most of
+    // its peak RSS beside the held spans at a steady 10k spans/s, for the same CPU and
+    // query times (`budgetscope-bench ingest --rate 10000`, `budgetscope-bench query`).
+    ("mmap_size", "0"),
 ];
 
 /// Settings of the connections that write to a database file, over `CONNECTION_PRAGMAS`.
-const WRITER_PRAGMAS: &[(&str, &str)] = &[
-    ("wal_autocheckpoint", WAL_BOUND_FRAMES),
-    // The writer's B-tree descents touch pages all over the file: through a map they would
-    // all count as the server's resident memory. It reads through its own bounded page
-    // cache instead.
-    ("mmap_size", "0"),
-];
+const WRITER_PRAGMAS: &[(&str, &str)] = &[("wal_autocheckpoint", WAL_BOUND_FRAMES)];
 
 /// Opens the ingest writer's connection to `file` (already created, in WAL mode and
 /// migrated by sqlx), with the settings of sqlx's writer.
