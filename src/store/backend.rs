@@ -14,7 +14,8 @@ use super::StoreError;
 use super::dictionary::Dictionaries;
 use super::partitions::{PartitionPlan, PartitionsKept};
 use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
-use super::rows::EncodedBatch;
+use super::rows::{EncodedBatch, OperationRow};
+use super::seen::SeenOperations;
 use crate::core::model::TraceId;
 
 /// A connection for one write, taken from the backend (`Backend::writer`) and given back
@@ -72,9 +73,14 @@ pub trait Backend: Send + Sync + 'static {
         "no database connection came free in time; the database is slow or busy".into()
     }
 
-    /// Stores a batch of encoded spans, their operations and their traces' marks in one
-    /// transaction (the ingest writer's statement, the one each backend does its own way).
-    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError>;
+    /// Stores a batch of encoded spans, `operations` (those of its operations to upsert)
+    /// and its traces' marks in one transaction (the ingest writer's statement, the one
+    /// each backend does its own way).
+    async fn write_batch(
+        &self,
+        batch: &EncodedBatch,
+        operations: &[OperationRow],
+    ) -> Result<(), StoreError>;
 
     /// Deletes at most `limit` spans that started before `cutoff`, on `conn` inside the
     /// caller's transaction; returns how many.
@@ -124,6 +130,8 @@ pub struct SqlStore<B> {
     pub(crate) block_dictionaries: Dictionaries,
     pub(crate) hop_dictionaries: Dictionaries,
     pub(crate) summary_dictionaries: Dictionaries,
+    /// The operations this server upserted lately (`seen.rs`).
+    pub(crate) seen_operations: SeenOperations,
 }
 
 impl<B: Backend> SqlStore<B>
@@ -140,6 +148,7 @@ where
             block_dictionaries: Dictionaries::new("blocks"),
             hop_dictionaries: Dictionaries::new("hops"),
             summary_dictionaries: Dictionaries::new("summaries"),
+            seen_operations: SeenOperations::default(),
         };
         store.block_dictionaries.load_newest(&store.backend).await?;
         store.hop_dictionaries.load_newest(&store.backend).await?;

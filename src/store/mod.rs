@@ -59,6 +59,7 @@ mod queue;
 mod reported;
 mod rollup;
 mod rows;
+mod seen;
 mod spans;
 pub mod sqlite;
 mod summaries;

@@ -375,8 +375,12 @@ impl Backend for PostgresBackend {
         self.why_no_connection().await
     }
 
-    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
-        self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
+    async fn write_batch(
+        &self,
+        batch: &EncodedBatch,
+        operations: &[OperationRow],
+    ) -> Result<(), StoreError> {
+        self.insert_rows(&batch.rows, operations, &batch.traces)
             .await
     }
 

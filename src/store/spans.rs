@@ -36,7 +36,10 @@ impl<B: Backend> SpanWriter for SqlStore<B> {
         if batch.is_empty() {
             return Ok(());
         }
-        self.backend.write_batch(batch).await
+        let operations = self.seen_operations.news(&batch.operations);
+        self.backend.write_batch(batch, &operations).await?;
+        self.seen_operations.committed(&operations);
+        Ok(())
     }
 }
 

@@ -690,8 +690,12 @@ impl Backend for SqliteBackend {
         self.write_connection().await
     }
 
-    async fn write_batch(&self, batch: &EncodedBatch) -> Result<(), StoreError> {
-        self.insert_rows(&batch.rows, &batch.operations, &batch.traces)
+    async fn write_batch(
+        &self,
+        batch: &EncodedBatch,
+        operations: &[OperationRow],
+    ) -> Result<(), StoreError> {
+        self.insert_rows(&batch.rows, operations, &batch.traces)
             .await
     }
 
