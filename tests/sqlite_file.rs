@@ -267,13 +267,10 @@ async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
     store.write_spans(&trace(3)).await.unwrap();
     drop(store);
     // As it was before migration 22.
-    let path = db.url.trim_start_matches("sqlite://").to_string();
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "DROP TABLE compaction_due; DELETE FROM _sqlx_migrations WHERE version = 22;",
-        )
-        .unwrap();
+    sql_batch(
+        &db,
+        "DROP TABLE compaction_due; DELETE FROM _sqlx_migrations WHERE version = 22;",
+    );
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.compaction_waiting().await.unwrap(), 2);
     let (done, taken) = store.compact_due(10, u64::MAX).await.unwrap();
@@ -281,6 +278,22 @@ async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
 }
 
 /// A SQLite store holding the healthy chain once per id in `ids`, analysed and compacted.
+/// A count the SQL `sql` reads from `db`'s file.
+fn sql_count(db: &TestDb, sql: &str) -> i64 {
+    rusqlite::Connection::open(db.url.trim_start_matches("sqlite://"))
+        .unwrap()
+        .query_row(sql, [], |row| row.get(0))
+        .unwrap()
+}
+
+/// Runs the statements `sql` on `db`'s file.
+fn sql_batch(db: &TestDb, sql: &str) {
+    rusqlite::Connection::open(db.url.trim_start_matches("sqlite://"))
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+}
+
 async fn analysed_chains(
     db: &TestDb,
     ids: &[u128],
@@ -318,19 +331,16 @@ async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
     assert_eq!(before.len(), 3);
     drop(store);
     // As it was before migration 23: the term's text in every row.
-    let path = db.url.trim_start_matches("sqlite://").to_string();
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "CREATE TABLE old_terms (term TEXT NOT NULL, start_unix_nano INTEGER NOT NULL, \
+    sql_batch(
+        &db,
+        "CREATE TABLE old_terms (term TEXT NOT NULL, start_unix_nano INTEGER NOT NULL, \
                trace_id BLOB NOT NULL, PRIMARY KEY (term, start_unix_nano, trace_id)) WITHOUT ROWID;
              INSERT INTO old_terms SELECT s.term, t.start_unix_nano, t.trace_id \
                FROM trace_terms t JOIN search_terms s ON s.id = t.term_id;
              DROP TABLE trace_terms; DROP TABLE search_terms;
              ALTER TABLE old_terms RENAME TO trace_terms;
              DELETE FROM _sqlx_migrations WHERE version = 23;",
-        )
-        .unwrap();
+    );
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.search_traces(&query).await.unwrap(), before);
 }
@@ -420,24 +430,16 @@ async fn a_store_migrated_without_pair_terms_finds_what_it_found() {
     assert_eq!(before.len(), 1);
     drop(store);
     // The pair's term as stores before migration 26 held it.
-    let path = db.url.trim_start_matches("sqlite://").to_string();
-    let count = |sql: &str| -> i64 {
-        rusqlite::Connection::open(&path)
-            .unwrap()
-            .query_row(sql, [], |row| row.get(0))
-            .unwrap()
-    };
+    let count = |sql: &str| sql_count(&db, sql);
     let terms = count("SELECT count(*) FROM trace_terms");
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "INSERT INTO search_terms (term) VALUES ('op:x\tGET /x');
+    sql_batch(
+        &db,
+        "INSERT INTO search_terms (term) VALUES ('op:x\tGET /x');
              INSERT INTO trace_terms SELECT s.id, t.start_unix_nano, t.trace_id \
                FROM trace_terms t, search_terms s \
                WHERE s.term = 'op:x\tGET /x' AND t.term_id = (SELECT min(term_id) FROM trace_terms);
              DELETE FROM _sqlx_migrations WHERE version = 26;",
-        )
-        .unwrap();
+    );
     assert_eq!(count("SELECT count(*) FROM trace_terms"), terms + 1);
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.search_traces(&query).await.unwrap(), before);
@@ -466,23 +468,15 @@ async fn a_store_migrated_without_ok_outcome_terms_finds_what_it_found() {
     assert_eq!(before.len(), 2);
     drop(store);
     // The outcome's terms as stores before migration 28 held them: one per trace.
-    let path = db.url.trim_start_matches("sqlite://").to_string();
-    let count = |sql: &str| -> i64 {
-        rusqlite::Connection::open(&path)
-            .unwrap()
-            .query_row(sql, [], |row| row.get(0))
-            .unwrap()
-    };
+    let count = |sql: &str| sql_count(&db, sql);
     let terms = count("SELECT count(*) FROM trace_terms");
-    rusqlite::Connection::open(&path)
-        .unwrap()
-        .execute_batch(
-            "INSERT INTO search_terms (term) VALUES ('outcome:ok');
+    sql_batch(
+        &db,
+        "INSERT INTO search_terms (term) VALUES ('outcome:ok');
              INSERT INTO trace_terms SELECT s.id, ts.start_unix_nano, ts.trace_id \
                FROM trace_summaries ts, search_terms s WHERE s.term = 'outcome:ok';
              DELETE FROM _sqlx_migrations WHERE version = 28;",
-        )
-        .unwrap();
+    );
     assert_eq!(count("SELECT count(*) FROM trace_terms"), terms + 2);
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.search_traces(&query).await.unwrap(), before);

@@ -484,12 +484,7 @@ impl Rewrite {
             .push(", block = ")
             .push_bind(self.block.clone());
         if B::PARTITIONED {
-            // Where blocks are partitioned (`partitions.rs`), each is in its trace's class.
-            q.push(format!(
-                ", healthy = COALESCE((SELECT {HEALTHY} FROM trace_summaries WHERE trace_id = "
-            ))
-            .push_bind(self.trace_id.clone())
-            .push("), FALSE)");
+            q.push(format!(", healthy = {}", class_of("trace_blocks.trace_id")));
         }
         q.push(" WHERE trace_id = ")
             .push_bind(self.trace_id.clone())
@@ -499,6 +494,15 @@ impl Rewrite {
         let written: Option<(Vec<u8>,)> = q.build_query_as().fetch_optional(&mut *conn).await?;
         Ok(written.is_some())
     }
+}
+
+/// Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
+/// summary's, written before the trace was queued for compaction (none left, as retention
+/// took it: a problem trace's, kept longer). The class of the trace `trace_id` names.
+fn class_of(trace_id: &str) -> String {
+    format!(
+        "COALESCE((SELECT {HEALTHY} FROM trace_summaries s WHERE s.trace_id = {trace_id}), FALSE)"
+    )
 }
 
 /// Inserts the first block of each of `rewrites` (traces that had none when read), except
@@ -515,18 +519,10 @@ where
     i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
     for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
 {
-    // Where blocks are partitioned (`partitions.rs`), each is in its trace's class: its
-    // summary's, written before the trace was queued for compaction (none left, as
-    // retention took it: a problem trace's, kept longer). Not `ON CONFLICT`: a partitioned
-    // table has no key by trace id alone; the compaction lock keeps two writers from
-    // inserting at once.
+    // Not `ON CONFLICT`: a partitioned table has no key by trace id alone; the compaction
+    // lock keeps two writers from inserting at once.
     let (healthy_column, healthy) = if B::PARTITIONED {
-        (
-            ", healthy",
-            format!(
-                ", COALESCE((SELECT {HEALTHY} FROM trace_summaries s WHERE s.trace_id = v.column1), FALSE)"
-            ),
-        )
+        (", healthy", format!(", {}", class_of("v.column1")))
     } else {
         ("", String::new())
     };
