@@ -48,6 +48,7 @@
 mod alerts;
 mod backend;
 mod blocks;
+mod compaction;
 mod dictionary;
 mod edges;
 mod error;
@@ -81,7 +82,7 @@ use crate::core::analyze::summary::TraceSummary;
 use crate::core::model::{Span, SpanId, SpanKind, TraceId};
 pub use alerts::AlertWrite;
 pub use backend::{Backend, SqlStore};
-pub use blocks::Compacted;
+pub use compaction::Compacted;
 pub use error::{Fault, StoreError};
 pub use partitions::{PartitionPlan, PartitionsKept};
 use query::{

@@ -71,7 +71,7 @@ where
             .execute(&mut *conn)
             .await?;
     }
-    // The analyzer's traces analysed whole wait for compaction (`blocks::compact_due`);
+    // The analyzer's traces analysed whole wait for compaction (`compaction::compact_due`);
     // re-analysis reads traces that were.
     let queue_compaction = matches!(replace, Replace::Marked(_));
     // The traces written, and those whose old contribution goes: with marks, every trace

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::blocks::{Compacted, StoredBlock, compact, compact_due, compaction_waiting};
+use super::blocks::StoredBlock;
+use super::compaction::{Compacted, compact, compact_due, compaction_waiting};
 use super::query::{DiskUsage, HEALTHY, StoredSummary, TraceSet};
 use super::rows::StoredRow;
 use super::spans::IDS_PER_STATEMENT;
