@@ -618,14 +618,17 @@ pub(crate) fn terms(summary: &TraceSummary) -> Vec<String> {
             .iter()
             .map(|(s, n)| format!("origin:{s}\t{n}")),
     );
-    // No term for the outcome most traces have: a search for it reads the summaries in
-    // time order and keeps those with it, about as many as an index would give.
-    if summary.outcome != Outcome::Ok {
-        terms.push(format!("outcome:{}", summary.outcome.as_str()));
-    }
+    terms.extend(outcome_term(summary.outcome));
     terms.sort();
     terms.dedup();
     terms
+}
+
+/// The index term of an outcome. None for the outcome most traces have: a search for it
+/// reads the summaries in time order and keeps those with it, about as many as an index
+/// would give.
+fn outcome_term(outcome: Outcome) -> Option<String> {
+    (outcome != Outcome::Ok).then(|| format!("outcome:{}", outcome.as_str()))
 }
 
 /// The terms a query asks a trace to have (`terms`), most selective first: an origin hop,
@@ -660,11 +663,9 @@ where
 {
     let columns = summary_columns_ts();
     let mut required = required_terms(query).into_iter();
-    let term = required.next().or_else(|| {
-        (query.outcome)
-            .filter(|o| *o != Outcome::Ok)
-            .map(|o| format!("outcome:{}", o.as_str()))
-    });
+    let term = required
+        .next()
+        .or_else(|| query.outcome.and_then(outcome_term));
     let order = if term.is_some() { "t" } else { "ts" };
     let mut q: QueryBuilder<DB> = match term {
         Some(term) => {
