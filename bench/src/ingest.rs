@@ -27,12 +27,41 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use prost::Message as _;
 
 use budgetscope::core::budget::DEFAULT_BUDGET_KEYS;
-use budgetscope::otlp::generate::generate;
+use budgetscope::otlp::generate::{generate, generate_over};
 use budgetscope::otlp::normalize::{NormalizeOptions, normalize, span_count};
 use budgetscope::store::query::DueQuery;
 use budgetscope::store::{self, encode_rows};
 
 use crate::{BenchDatabases, IngestBench, Transport, median_and_range, ms};
+
+/// At most how long before its request is sent a trace of a paced run (`--rate`) starts: an
+/// SDK's batch exporter sends a span within 5 s of its end (`OTEL_BSP_SCHEDULE_DELAY`).
+const EXPORT_DELAY: Duration = Duration::from_secs(5);
+
+/// Requests whose spans start in the `EXPORT_DELAY` before each is due to be sent at `rate`
+/// spans/s, as a fleet's arrive: in start order give or take the export delay. (Starts
+/// spread at random over a whole run made every index keyed by start time take its
+/// inserts at random places.)
+fn paced(
+    mut requests: Vec<ExportTraceServiceRequest>,
+    rate: u64,
+) -> Vec<ExportTraceServiceRequest> {
+    let mut before = 0u64;
+    for request in &mut requests {
+        let shift = before * 1_000_000_000 / rate;
+        before += span_count(request) as u64;
+        for span in request
+            .resource_spans
+            .iter_mut()
+            .flat_map(|r| &mut r.scope_spans)
+            .flat_map(|s| &mut s.spans)
+        {
+            span.start_time_unix_nano += shift;
+            span.end_time_unix_nano += shift;
+        }
+    }
+    requests
+}
 
 /// One export request, encoded (and for HTTP, compressed) before the timed run: the load
 /// generator shares the machine's two cores with the server, and its own encoding is not
@@ -51,7 +80,13 @@ pub async fn ingest(bench: IngestBench) -> anyhow::Result<()> {
         "generating {} spans in requests of {}…",
         bench.spans, bench.batch
     );
-    let requests = generate(bench.spans, bench.batch);
+    let requests = match bench.rate {
+        0 => generate(bench.spans, bench.batch),
+        rate => paced(
+            generate_over(bench.spans, bench.batch, EXPORT_DELAY, 0.0),
+            rate,
+        ),
+    };
     let prepared: Vec<Prepared> = requests
         .into_iter()
         .map(|request| {
