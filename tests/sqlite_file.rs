@@ -335,14 +335,70 @@ async fn a_store_migrated_to_terms_by_id_finds_what_it_found() {
         &db,
         "CREATE TABLE old_terms (term TEXT NOT NULL, start_unix_nano INTEGER NOT NULL, \
                trace_id BLOB NOT NULL, PRIMARY KEY (term, start_unix_nano, trace_id)) WITHOUT ROWID;
-             INSERT INTO old_terms SELECT s.term, t.start_unix_nano, t.trace_id \
-               FROM trace_terms t JOIN search_terms s ON s.id = t.term_id;
+             INSERT INTO old_terms SELECT s.term, ts.start_unix_nano, ts.trace_id \
+               FROM trace_terms t JOIN search_terms s ON s.id = t.term_id \
+               JOIN trace_summaries ts ON ts.id = t.summary_id;
              DROP TABLE trace_terms; DROP TABLE search_terms;
              ALTER TABLE old_terms RENAME TO trace_terms;
-             DELETE FROM _sqlx_migrations WHERE version = 23;",
+             DELETE FROM _sqlx_migrations WHERE version IN (23, 29);",
     );
     let store = budgetscope::store::open(&db.url).await.unwrap();
     assert_eq!(store.search_traces(&query).await.unwrap(), before);
+}
+
+/// A store from before terms named their trace's summary: migration 29 gives each summary
+/// an id and carries the index over, and searches driven by terms find the same traces.
+#[tokio::test]
+async fn a_store_migrated_to_terms_by_summary_finds_what_it_found() {
+    use budgetscope::store::query::TraceQuery;
+
+    let db = TestDb::sqlite();
+    let store = analysed_chains(&db, &[4, 5, 6]).await;
+    let queries = [
+        TraceQuery {
+            service: Some("x".into()),
+            limit: 10,
+            ..Default::default()
+        },
+        TraceQuery {
+            service: Some("x".into()),
+            operation: Some("GET /x".into()),
+            limit: 2,
+            ..Default::default()
+        },
+    ];
+    let mut before = Vec::new();
+    for query in &queries {
+        before.push(store.search_traces(query).await.unwrap());
+    }
+    assert_eq!(before[0].len(), 3);
+    assert_eq!(before[1].len(), 2);
+    drop(store);
+    let count = |sql: &str| sql_count(&db, sql);
+    let terms = count("SELECT count(*) FROM trace_terms");
+    // The terms as stores before migration 29 held them: by start and trace id.
+    sql_batch(
+        &db,
+        "CREATE TABLE old_terms (term_id INTEGER NOT NULL, start_unix_nano INTEGER NOT NULL, \
+               trace_id BLOB NOT NULL, PRIMARY KEY (term_id, start_unix_nano, trace_id)) WITHOUT ROWID;
+             INSERT INTO old_terms SELECT t.term_id, ts.start_unix_nano, ts.trace_id \
+               FROM trace_terms t JOIN trace_summaries ts ON ts.id = t.summary_id;
+             DROP TABLE trace_terms;
+             ALTER TABLE old_terms RENAME TO trace_terms;
+             DELETE FROM _sqlx_migrations WHERE version = 29;",
+    );
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    for (query, before) in queries.iter().zip(&before) {
+        assert_eq!(&store.search_traces(query).await.unwrap(), before);
+    }
+    assert_eq!(count("SELECT count(*) FROM trace_terms"), terms);
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM trace_terms t LEFT JOIN trace_summaries ts ON ts.id = t.summary_id WHERE ts.id IS NULL"
+        ),
+        0,
+        "every term names a summary"
+    );
 }
 
 /// A summary written before names, flag counts and lists were packed keeps them in its
@@ -435,7 +491,7 @@ async fn a_store_migrated_without_pair_terms_finds_what_it_found() {
     sql_batch(
         &db,
         "INSERT INTO search_terms (term) VALUES ('op:x\tGET /x');
-             INSERT INTO trace_terms SELECT s.id, t.start_unix_nano, t.trace_id \
+             INSERT INTO trace_terms SELECT s.id, t.start_second, t.summary_id \
                FROM trace_terms t, search_terms s \
                WHERE s.term = 'op:x\tGET /x' AND t.term_id = (SELECT min(term_id) FROM trace_terms);
              DELETE FROM _sqlx_migrations WHERE version = 26;",
@@ -473,7 +529,7 @@ async fn a_store_migrated_without_ok_outcome_terms_finds_what_it_found() {
     sql_batch(
         &db,
         "INSERT INTO search_terms (term) VALUES ('outcome:ok');
-             INSERT INTO trace_terms SELECT s.id, ts.start_unix_nano, ts.trace_id \
+             INSERT INTO trace_terms SELECT s.id, ts.start_unix_nano / 1000000000, ts.id \
                FROM trace_summaries ts, search_terms s WHERE s.term = 'outcome:ok';
              DELETE FROM _sqlx_migrations WHERE version = 28;",
     );

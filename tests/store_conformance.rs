@@ -1059,24 +1059,51 @@ async fn a_lease_has_one_holder_until_it_expires_or_is_given_up() {
 /// summary (there is no index by trace).
 #[tokio::test]
 async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
+    const SECOND: u64 = 1_000_000_000;
     let summary = |id: u8, start: u64, services: &[&str]| {
-        (summary_of(TraceId([id; 16]), start, services), Vec::new())
+        (
+            summary_of(TraceId([id; 16]), start * SECOND, services),
+            Vec::new(),
+        )
     };
     for db in TestDb::all().await {
         let store = store::open(&db.url).await.unwrap();
+        // SQLite's terms name the summary and the second it started; Postgres's the trace
+        // and its start (store::query::TermLayout).
         let terms = |id: u8| {
             let db = &db;
             async move {
                 let hex: String = [id; 16].iter().map(|b| format!("{b:02x}")).collect();
-                let blob = match db.backend {
-                    "sqlite" => format!("X'{hex}'"),
-                    _ => format!("'\\x{hex}'::bytea"),
-                };
-                db.texts(&format!(
-                    "SELECT s.term || '@' || CAST(t.start_unix_nano AS TEXT) FROM trace_terms t \
-                     JOIN search_terms s ON s.id = t.term_id WHERE t.trace_id = {blob} ORDER BY 1"
-                ))
+                db.texts(&match db.backend {
+                    "sqlite" => format!(
+                        "SELECT s.term || '@' || CAST(t.start_second AS TEXT) FROM trace_terms t \
+                         JOIN search_terms s ON s.id = t.term_id \
+                         JOIN trace_summaries ts ON ts.id = t.summary_id \
+                         WHERE ts.trace_id = X'{hex}' ORDER BY 1"
+                    ),
+                    _ => format!(
+                        "SELECT s.term || '@' || CAST(t.start_unix_nano / {SECOND} AS TEXT) \
+                         FROM trace_terms t JOIN search_terms s ON s.id = t.term_id \
+                         WHERE t.trace_id = '\\x{hex}'::bytea ORDER BY 1"
+                    ),
+                })
                 .await
+            }
+        };
+        // Terms whose trace has no summary (on Postgres found by `terms` itself).
+        let orphans = || {
+            let db = &db;
+            async move {
+                match db.backend {
+                    "sqlite" => db
+                        .texts(
+                            "SELECT CAST(count(*) AS TEXT) FROM trace_terms t WHERE NOT EXISTS \
+                             (SELECT 1 FROM trace_summaries ts WHERE ts.id = t.summary_id)",
+                        )
+                        .await
+                        .concat(),
+                    _ => "0".to_string(),
+                }
             }
         };
         let marks = marked(store.as_ref(), &[(1, 1), (2, 1)]).await;
@@ -1114,15 +1141,92 @@ async fn index_terms_follow_their_summary_through_re_analysis_and_retention() {
         };
         assert_eq!(terms(1).await, edge_only("500"), "{}", db.backend);
         assert_eq!(terms(2).await, edge_only("9000"), "{}", db.backend);
-        store.delete_before(5_000, 100).await.unwrap();
+        assert_eq!(orphans().await, "0", "{}", db.backend);
+        store.delete_before(5_000 * SECOND, 100).await.unwrap();
         assert!(terms(1).await.is_empty(), "{}", db.backend);
         assert_eq!(terms(2).await, edge_only("9000"), "{}", db.backend);
+        assert_eq!(orphans().await, "0", "{}", db.backend);
         // Retention by value and the disk cap take a trace's terms with it.
         store
-            .delete_traces_before(10_000, TraceSet::Analysed, 500)
+            .delete_traces_before(10_000 * SECOND, TraceSet::Analysed, 500)
             .await
             .unwrap();
         assert!(terms(2).await.is_empty(), "{}", db.backend);
+        assert_eq!(orphans().await, "0", "{}", db.backend);
+    }
+}
+
+/// A search driven by a term pages newest first by (start, trace id) exactly, within one
+/// second and across seconds, and keeps to its time range: on SQLite the term rows are in
+/// (second, summary id) order, each second's rows sorted by the search.
+#[tokio::test]
+async fn term_searches_page_in_start_order_within_and_across_seconds() {
+    use budgetscope::store::query::Cursor;
+    const SECOND: u64 = 1_000_000_000;
+    // Written in an order unlike the start order: ids 1..=9 and their starts.
+    let starts: [(u8, u64); 9] = [
+        (5, 10 * SECOND + 7),
+        (1, 12 * SECOND),
+        (9, 10 * SECOND + 7),
+        (3, 11 * SECOND + 900_000_000),
+        (2, 10 * SECOND + 999_999_999),
+        (7, 12 * SECOND),
+        (4, 9 * SECOND),
+        (8, 10 * SECOND),
+        (6, 11 * SECOND + 1),
+    ];
+    let mut expected: Vec<(u64, u8)> = starts.iter().map(|(id, s)| (*s, *id)).collect();
+    expected.sort_unstable_by(|a, b| b.cmp(a));
+    for db in TestDb::all().await {
+        let store = store::open(&db.url).await.unwrap();
+        for (id, start) in starts {
+            let marks = marked(store.as_ref(), &[(id, 1)]).await;
+            store
+                .write_summaries(
+                    &[(
+                        summary_of(TraceId([id; 16]), start, &["edge", "billing"]),
+                        Vec::new(),
+                    )],
+                    &marks,
+                )
+                .await
+                .unwrap();
+        }
+        for (since, until) in [(None, None), (Some(10 * SECOND + 7), Some(12 * SECOND))] {
+            let mut seen = Vec::new();
+            let mut cursor = None;
+            loop {
+                let query = TraceQuery {
+                    service: Some("billing".into()),
+                    since_unix_nano: since,
+                    until_unix_nano: until,
+                    cursor,
+                    limit: 2,
+                    ..Default::default()
+                };
+                let page = store.search_traces(&query).await.unwrap();
+                seen.extend(page.iter().map(|s| (s.start_unix_nano, s.trace_id.0[0])));
+                match page.last() {
+                    Some(last) if page.len() == 2 => {
+                        cursor = Some(Cursor {
+                            start_unix_nano: last.start_unix_nano,
+                            trace_id: last.trace_id,
+                        })
+                    }
+                    _ => break,
+                }
+            }
+            let within: Vec<(u64, u8)> = expected
+                .iter()
+                .copied()
+                .filter(|(s, _)| since.is_none_or(|t| *s >= t) && until.is_none_or(|t| *s < t))
+                .collect();
+            assert_eq!(
+                seen, within,
+                "{} since {since:?} until {until:?}",
+                db.backend
+            );
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use sqlx::{Database, Pool, QueryBuilder};
 use super::StoreError;
 use super::dictionary::Dictionaries;
 use super::partitions::{PartitionPlan, PartitionsKept};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout, TraceSet};
 use super::rows::{EncodedBatch, OperationRow};
 use super::seen::SeenOperations;
 use crate::core::model::TraceId;
@@ -54,6 +54,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether span blocks and search terms are partitioned by (healthy, start) and
     /// so have a `healthy` column (Postgres, `partitions.rs`).
     const PARTITIONED: bool;
+    /// How the search terms name their trace.
+    const TERMS: TermLayout;
     /// Run first in a transaction that writes blocks, so that one compaction at a time
     /// writes them (a block is no longer unique by trace id in a partitioned table); empty
     /// where the database has one writer.
@@ -119,7 +121,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Search: the condition "after `cursor`" on the alias `order`, newest first.
-    fn push_after(q: &mut QueryBuilder<Self::Db>, order: &str, cursor: Cursor);
+    fn push_after(q: &mut QueryBuilder<Self::Db>, order: SearchOrder, cursor: Cursor);
 }
 
 /// The store over backend `B`: what `store::open` returns, behind `dyn Store`.

@@ -28,11 +28,13 @@
 //!   order on, packed the rest (`packed_detail`: names, flag counts, services, operations,
 //!   origins, which searches find through the terms) and its hop samples (`packed_hops`:
 //!   compressed JSON); summaries from before keep those as text (`hops`, …);
-//!   `trace_terms`: an inverted index (term id, start, trace) over services, operations,
-//!   flags, origins and outcome (except "ok", which a search finds by reading the
-//!   summaries in time order), each term's text kept once in `search_terms`. A search drives from
-//!   its most selective term newest first, looks each other term it asks for up by its key,
-//!   and stops at its limit; pagination is keyset on (start, trace id).
+//!   `trace_terms`: an inverted index over services, operations, flags, origins and
+//!   outcome (except "ok", which a search finds by reading the summaries in time order),
+//!   keyed (term id, start, trace id) on Postgres and (term id, start second, summary id)
+//!   on SQLite (`query::TermLayout`), each term's text kept once in `search_terms`. A
+//!   search drives from its most selective term newest first (on SQLite sorting each
+//!   second's rows), looks each other term it asks for up by its key, and stops at its
+//!   limit; pagination is keyset on (start, trace id).
 //! - `hop_rollups`, `hop_rollups_hourly`: per (hop, minute or hour) counts and three
 //!   log-bucket histograms, merged by adding; a re-analysed trace's old contribution is
 //!   subtracted and the new one added in the summary's transaction (`summaries.rs`).

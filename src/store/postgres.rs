@@ -14,7 +14,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
 use super::partitions::{self, PartitionPlan, PartitionsKept};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout, TraceSet};
 use super::rows::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
@@ -357,6 +357,7 @@ impl Backend for PostgresBackend {
     const SUBSTRING: &'static str = "strpos";
     const JOIN_TEXT: &'static str = "string_agg(data, '|')";
     const PARTITIONED: bool = true;
+    const TERMS: TermLayout = TermLayout::ByTrace;
     const COMPACTION_LOCK: &'static str = "SELECT pg_advisory_xact_lock(7102456)";
 
     fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
@@ -475,7 +476,8 @@ impl Backend for PostgresBackend {
         partitions::partitioned_from(&self.pool, set).await
     }
 
-    fn push_after(q: &mut QueryBuilder<Postgres>, order: &str, cursor: Cursor) {
+    fn push_after(q: &mut QueryBuilder<Postgres>, order: SearchOrder, cursor: Cursor) {
+        let order = order.exact();
         let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
         q.push(format!(
             " AND ({order}.start_unix_nano, {order}.trace_id) < ("

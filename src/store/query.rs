@@ -650,12 +650,107 @@ fn required_terms(query: &TraceQuery) -> Vec<String> {
     required
 }
 
+/// How a backend's index terms name their trace (`Backend::TERMS`); every statement on
+/// `trace_terms` takes its columns and joins from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TermLayout {
+    /// (term id, start, trace id): Postgres, whose tables could then be distributed by trace
+    /// id (docs/operations.md).
+    ByTrace,
+    /// (term id, start second, summary id): SQLite. Within a term's second new rows land
+    /// at the end (summary ids grow), where a key on the exact start took the analyzer's
+    /// inserts at random places within the export delay (`budgetscope-bench ingest --rate
+    /// 10000`, the WAL's frames by table), and a row is about half as long.
+    BySummary,
+}
+
+impl TermLayout {
+    /// The key columns of a term row.
+    pub(crate) fn columns(self) -> &'static str {
+        match self {
+            TermLayout::ByTrace => "term_id, start_unix_nano, trace_id",
+            TermLayout::BySummary => "term_id, start_second, summary_id",
+        }
+    }
+
+    /// The key column that holds a start time (`time_of`).
+    pub(crate) fn time_column(self) -> &'static str {
+        match self {
+            TermLayout::ByTrace => "start_unix_nano",
+            TermLayout::BySummary => "start_second",
+        }
+    }
+
+    /// What goes around a `VALUES` list of (term id, start, trace id) to make it rows of
+    /// `columns`: the BySummary layout looks up each trace's summary, which must exist.
+    pub(crate) fn rows_of_values(self) -> (&'static str, &'static str) {
+        match self {
+            TermLayout::ByTrace => ("", ""),
+            TermLayout::BySummary => (
+                "SELECT v.column1, v.column2 / 1000000000, s.id FROM (",
+                ") v JOIN trace_summaries s ON s.trace_id = v.column3 WHERE TRUE",
+            ),
+        }
+    }
+
+    /// A start time as the term rows hold it.
+    pub(crate) fn time_of(self, start_unix_nano: i64) -> i64 {
+        match self {
+            TermLayout::ByTrace => start_unix_nano,
+            TermLayout::BySummary => start_unix_nano / 1_000_000_000,
+        }
+    }
+
+    /// The join of the term rows `t` to their summaries `ts`.
+    fn join(self) -> &'static str {
+        match self {
+            TermLayout::ByTrace => "ts.trace_id = t.trace_id",
+            TermLayout::BySummary => "ts.id = t.summary_id",
+        }
+    }
+
+    /// The term row `x` of the same trace as the term row `t`.
+    fn same_trace(self) -> &'static str {
+        match self {
+            TermLayout::ByTrace => {
+                "x.start_unix_nano = ts.start_unix_nano AND x.trace_id = ts.trace_id"
+            }
+            TermLayout::BySummary => {
+                "x.start_second = t.start_second AND x.summary_id = t.summary_id"
+            }
+        }
+    }
+}
+
+/// Which index drives a search, for the condition on its cursor and its order
+/// (`Backend::push_after`, `finish_search`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SearchOrder {
+    /// The summaries' start index (`ts`).
+    Summaries,
+    /// One term's rows (`t`), newest first.
+    Terms(TermLayout),
+}
+
+impl SearchOrder {
+    /// The alias whose `start_unix_nano` and `trace_id` give the exact order.
+    pub(crate) fn exact(self) -> &'static str {
+        match self {
+            SearchOrder::Terms(TermLayout::ByTrace) => "t",
+            SearchOrder::Summaries | SearchOrder::Terms(TermLayout::BySummary) => "ts",
+        }
+    }
+}
+
 /// The backend-neutral start of a trace search: the index of its most selective term (or,
 /// with none, the summaries' start index), each other term it requires looked up by its
-/// key, the summary filters and the time range. Returns the builder and the alias (`t` or
-/// `ts`) whose start and trace id order the results; the caller adds the keyset cursor and
-/// attribute filters, then `finish_search`.
-pub(crate) fn start_search<DB: Database>(query: &TraceQuery) -> (QueryBuilder<DB>, &'static str)
+/// key, the summary filters and the time range. Returns the builder and the index that
+/// orders the results; the caller adds the keyset cursor and attribute filters, then
+/// `finish_search`.
+pub(crate) fn start_search<DB: Database>(
+    query: &TraceQuery,
+    layout: TermLayout,
+) -> (QueryBuilder<DB>, SearchOrder)
 where
     String: for<'t> Encode<'t, DB> + Type<DB>,
     i64: for<'t> Encode<'t, DB> + Type<DB>,
@@ -666,12 +761,16 @@ where
     let term = required
         .next()
         .or_else(|| query.outcome.and_then(outcome_term));
-    let order = if term.is_some() { "t" } else { "ts" };
+    let order = match term {
+        Some(_) => SearchOrder::Terms(layout),
+        None => SearchOrder::Summaries,
+    };
     let mut q: QueryBuilder<DB> = match term {
         Some(term) => {
             let mut q = QueryBuilder::new(format!(
-                "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON ts.trace_id = t.trace_id \
-                 WHERE t.term_id = (SELECT id FROM search_terms WHERE term = "
+                "SELECT {columns} FROM trace_terms t JOIN trace_summaries ts ON {} \
+                 WHERE t.term_id = (SELECT id FROM search_terms WHERE term = ",
+                layout.join()
             ));
             q.push_bind(term).push(")");
             q
@@ -686,7 +785,7 @@ where
              (SELECT id FROM search_terms WHERE term = ",
         )
         .push_bind(term)
-        .push(") AND x.start_unix_nano = ts.start_unix_nano AND x.trace_id = ts.trace_id)");
+        .push(format!(") AND {})", layout.same_trace()));
     }
     if let Some(outcome) = query.outcome {
         q.push(" AND ts.outcome = ")
@@ -704,25 +803,46 @@ where
         query.min_budget_ms,
         query.max_budget_ms,
     );
-    if let Some(since) = query.since_unix_nano {
-        q.push(format!(" AND {order}.start_unix_nano >= "))
-            .push_bind(i64::try_from(since).unwrap_or(i64::MAX));
-    }
-    if let Some(until) = query.until_unix_nano {
-        q.push(format!(" AND {order}.start_unix_nano < "))
-            .push_bind(i64::try_from(until).unwrap_or(i64::MAX));
+    for (bound, op) in [(query.since_unix_nano, ">="), (query.until_unix_nano, "<")] {
+        let Some(bound) = bound else { continue };
+        let bound = i64::try_from(bound).unwrap_or(i64::MAX);
+        // The driving index's own column bounds its range; the summary's start is exact.
+        match order {
+            SearchOrder::Terms(TermLayout::ByTrace) => {
+                q.push(format!(" AND t.start_unix_nano {op} "))
+                    .push_bind(bound);
+            }
+            SearchOrder::Terms(TermLayout::BySummary) => {
+                let second_op = if op == "<" { "<=" } else { op };
+                q.push(format!(" AND t.start_second {second_op} "))
+                    .push_bind(layout.time_of(bound))
+                    .push(format!(" AND ts.start_unix_nano {op} "))
+                    .push_bind(bound);
+            }
+            SearchOrder::Summaries => {
+                q.push(format!(" AND ts.start_unix_nano {op} "))
+                    .push_bind(bound);
+            }
+        }
     }
     (q, order)
 }
 
 /// Newest first, at most `limit`: the end of every trace search.
-pub(crate) fn finish_search<DB: Database>(q: &mut QueryBuilder<DB>, order: &str, limit: u32)
+pub(crate) fn finish_search<DB: Database>(q: &mut QueryBuilder<DB>, order: SearchOrder, limit: u32)
 where
     i64: for<'t> Encode<'t, DB> + Type<DB>,
 {
-    q.push(format!(
-        " ORDER BY {order}.start_unix_nano DESC, {order}.trace_id DESC LIMIT "
-    ))
+    q.push(match order {
+        SearchOrder::Summaries => " ORDER BY ts.start_unix_nano DESC, ts.trace_id DESC LIMIT ",
+        SearchOrder::Terms(TermLayout::ByTrace) => {
+            " ORDER BY t.start_unix_nano DESC, t.trace_id DESC LIMIT "
+        }
+        // The index gives the seconds in order; only each second's rows are sorted.
+        SearchOrder::Terms(TermLayout::BySummary) => {
+            " ORDER BY t.start_second DESC, ts.start_unix_nano DESC, ts.trace_id DESC LIMIT "
+        }
+    })
     .push_bind(i64::from(limit));
 }
 

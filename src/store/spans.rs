@@ -604,7 +604,7 @@ where
 {
     // Drive from the index of the most selective term when there is one (newest first
     // through the primary key); otherwise from the summaries' start index.
-    let (mut q, order) = start_search::<B::Db>(query);
+    let (mut q, order) = start_search::<B::Db>(query, B::TERMS);
     if let Some(cursor) = query.cursor {
         B::push_after(&mut q, order, cursor);
     }

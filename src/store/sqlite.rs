@@ -26,7 +26,7 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::StoreError;
 use super::backend::{Backend, Writer};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout};
 use super::rows::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;
@@ -676,6 +676,7 @@ impl Backend for SqliteBackend {
     const SUBSTRING: &'static str = "instr";
     const JOIN_TEXT: &'static str = "group_concat(data, '|')";
     const PARTITIONED: bool = false;
+    const TERMS: TermLayout = TermLayout::BySummary;
     const COMPACTION_LOCK: &'static str = "";
 
     fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
@@ -801,8 +802,14 @@ impl Backend for SqliteBackend {
 
     async fn summaries_written(&self, _count: u64) {}
 
-    fn push_after(q: &mut QueryBuilder<Sqlite>, order: &str, cursor: Cursor) {
+    fn push_after(q: &mut QueryBuilder<Sqlite>, order: SearchOrder, cursor: Cursor) {
         let start = i64::try_from(cursor.start_unix_nano).unwrap_or(i64::MAX);
+        if order == SearchOrder::Terms(TermLayout::BySummary) {
+            // Lets the term index start at the cursor's second.
+            q.push(" AND t.start_second <= ")
+                .push_bind(TermLayout::BySummary.time_of(start));
+        }
+        let order = order.exact();
         q.push(format!(" AND ({order}.start_unix_nano < "))
             .push_bind(start)
             .push(format!(" OR ({order}.start_unix_nano = "))

@@ -12,7 +12,7 @@ use super::dictionary::Dictionaries;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
 use super::query::{
-    HEALTHY, SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, is_healthy,
+    HEALTHY, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TermLayout, encode_summary, is_healthy,
     summary_upsert, terms,
 };
 use super::rollup::{StoredRollup, add_samples, apply_rollups, hourly, stored_hops};
@@ -141,7 +141,7 @@ where
             add_edges(&mut edges, &hops, -1);
             gone.extend(o.summary.decode(summary_dictionaries).ok());
         }
-        delete_terms_of::<B::Db>(conn, &gone).await?;
+        delete_terms_of::<B::Db>(conn, &gone, B::TERMS).await?;
     }
     let mut rows: Vec<SummaryRow> = traces
         .iter()
@@ -204,9 +204,11 @@ where
         .collect();
     let ids = term_ids::<B::Db>(conn, new_terms.iter().map(|(t, _, _, _)| t), true).await?;
     let healthy_column = if B::PARTITIONED { ", healthy" } else { "" };
+    let (head, tail) = B::TERMS.rows_of_values();
     for chunk in new_terms.chunks(8 * CHUNK) {
         let mut insert = QueryBuilder::<B::Db>::new(format!(
-            "INSERT INTO trace_terms (term_id, start_unix_nano, trace_id{healthy_column}) "
+            "INSERT INTO trace_terms ({}{healthy_column}) {head}",
+            B::TERMS.columns()
         ));
         insert.push_values(chunk, |mut b, (term, start, id, healthy)| {
             b.push_bind(ids.get(term).copied().unwrap_or(0))
@@ -216,7 +218,7 @@ where
                 b.push_bind(*healthy);
             }
         });
-        insert.push(" ON CONFLICT DO NOTHING");
+        insert.push(tail).push(" ON CONFLICT DO NOTHING");
         insert.build().execute(&mut *conn).await?;
     }
     let minutes: Vec<(RollupKey, Rollup)> = deltas.into_iter().collect();
@@ -412,6 +414,7 @@ pub(crate) async fn delete_summaries_before<DB: Database>(
     traces_cutoff: i64,
     limit: u32,
     dictionaries: &Dictionaries,
+    layout: TermLayout,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -429,7 +432,7 @@ where
     operations.push_bind(cutoff);
     operations.build().execute(&mut *conn).await?;
     let ids = oldest_summaries::<DB>(conn, "TRUE", traces_cutoff, i64::from(limit)).await?;
-    delete_summaries::<DB>(conn, &ids, dictionaries).await?;
+    delete_summaries::<DB>(conn, &ids, dictionaries, layout).await?;
     for table in [
         "hop_rollups",
         "hop_rollups_hourly",
@@ -487,6 +490,7 @@ pub(crate) async fn delete_summaries<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
     dictionaries: &Dictionaries,
+    layout: TermLayout,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -499,7 +503,7 @@ where
     for<'r> (i64, Vec<u8>): FromRow<'r, DB::Row>,
 {
     for chunk in ids.chunks(CHUNK) {
-        delete_terms::<DB>(conn, chunk, dictionaries).await?;
+        delete_terms::<DB>(conn, chunk, dictionaries, layout).await?;
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_summaries WHERE trace_id IN ");
         push_list(&mut delete, chunk.iter().map(|id| id.0.to_vec()));
         delete.build().execute(&mut *conn).await?;
@@ -515,6 +519,7 @@ pub(crate) async fn delete_terms<DB: Database>(
     conn: &mut DB::Connection,
     ids: &[TraceId],
     dictionaries: &Dictionaries,
+    layout: TermLayout,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -540,13 +545,14 @@ where
         .into_iter()
         .filter_map(|row| row.decode(dictionaries).ok())
         .collect();
-    delete_terms_of::<DB>(conn, &summaries).await
+    delete_terms_of::<DB>(conn, &summaries, layout).await
 }
 
 /// Deletes the search terms of `summaries` (as stored) by their key.
 async fn delete_terms_of<DB: Database>(
     conn: &mut DB::Connection,
     summaries: &[TraceSummary],
+    layout: TermLayout,
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -572,21 +578,22 @@ where
         .into_iter()
         .filter_map(|(term, start, id)| Some((*ids.get(&term)?, start, id)))
         .collect();
+    let (head, tail) = layout.rows_of_values();
     for chunk in keys.chunks(2 * CHUNK) {
         // The list of term ids lets the database find the rows by its key's first column;
         // on the triples alone SQLite scans the whole table. The list of start times lets
         // Postgres read only the time partitions that hold them.
         let distinct: BTreeSet<i64> = chunk.iter().map(|(t, _, _)| *t).collect();
-        let starts: BTreeSet<i64> = chunk.iter().map(|(_, start, _)| *start).collect();
+        let times: BTreeSet<i64> = chunk.iter().map(|(_, s, _)| layout.time_of(*s)).collect();
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term_id IN ");
         push_list(&mut delete, distinct);
-        delete.push(" AND start_unix_nano IN ");
-        push_list(&mut delete, starts);
-        delete.push(" AND (term_id, start_unix_nano, trace_id) IN (");
+        delete.push(format!(" AND {} IN ", layout.time_column()));
+        push_list(&mut delete, times);
+        delete.push(format!(" AND ({}) IN ({head}", layout.columns()));
         delete.push_values(chunk, |mut b, (term, start, id)| {
             b.push_bind(*term).push_bind(*start).push_bind(id.clone());
         });
-        delete.push(")");
+        delete.push(format!("{tail})"));
         delete.build().execute(&mut *conn).await?;
     }
     Ok(())

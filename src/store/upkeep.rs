@@ -89,6 +89,7 @@ where
             traces_cutoff,
             limit,
             &self.summary_dictionaries,
+            B::TERMS,
         )
         .await?;
         tx.commit().await?;
@@ -121,7 +122,7 @@ where
                 QueryBuilder::<B::Db>::new("DELETE FROM trace_blocks WHERE trace_id IN ");
             push_list(&mut delete, ids.iter().map(|id| id.0.to_vec()));
             delete.build().execute(&mut *tx).await?;
-            delete_summaries::<B::Db>(&mut tx, &ids, &self.summary_dictionaries).await?;
+            delete_summaries::<B::Db>(&mut tx, &ids, &self.summary_dictionaries, B::TERMS).await?;
         }
         tx.commit().await?;
         writer.done();
