@@ -1,8 +1,9 @@
 //! Faults that say what they are: a database the server may not write stops start-up; a
 //! corrupt database and a full disk show in `/readyz` and in one ERROR line with what to do
 //! (not a warning per write), exports hear a retryable refusal that names the fault, and a
-//! full disk's end is logged once, with the requests refused meanwhile. The binary runs as
-//! operators run it, so its log is what they read.
+//! full disk's end is logged once, with the requests refused meanwhile; an older schema's
+//! upgrade says so before it starts. The binary runs as operators run it, so its log is
+//! what they read.
 
 mod common;
 
@@ -277,5 +278,36 @@ async fn a_full_disk_shows_in_readyz_while_it_lasts() {
     assert!(
         lines_with(&log, "store write failed").is_empty(),
         "no warning per write: {log:#?}"
+    );
+}
+
+/// A store from an older budgetscope is upgraded before the server listens, and the log says
+/// so first (an upgrade may rewrite an index for minutes) and when it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_is_upgraded_saying_so_in_the_log() {
+    let db = TestDb::sqlite();
+    let server = Server::start(&db.url);
+    assert_eq!(server.export(1).await.0, 200);
+    let log = server.stop();
+    assert!(lines_with(&log, "upgrading").is_empty(), "{log:?}");
+    // The search terms as a store before migration 29 held them.
+    let path = db.url.trim_start_matches("sqlite://").to_string();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE old_terms (term_id INTEGER NOT NULL, start_unix_nano INTEGER NOT NULL, \
+               trace_id BLOB NOT NULL, PRIMARY KEY (term_id, start_unix_nano, trace_id)) WITHOUT ROWID;
+             DROP TABLE trace_terms;
+             ALTER TABLE old_terms RENAME TO trace_terms;
+             DELETE FROM _sqlx_migrations WHERE version = 29;",
+        )
+        .unwrap();
+    let server = Server::start(&db.url);
+    let log = server.stop();
+    let upgrading = lines_with(&log, "upgrading");
+    assert_eq!(upgrading.len(), 1, "{log:?}");
+    assert!(
+        upgrading[0].contains("from=28") && upgrading[0].contains("do not stop it"),
+        "{log:?}"
     );
 }

@@ -126,7 +126,14 @@ impl SqliteBackend {
             .max_lifetime((!in_memory).then(|| Duration::from_secs(3600)))
             .connect_with(writer_options)
             .await?;
+        let migrating = std::time::Instant::now();
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
+        if migrating.elapsed() > Duration::from_secs(1) {
+            tracing::info!(
+                seconds = migrating.elapsed().as_secs(),
+                "the database schema is up to date"
+            );
+        }
         if !in_memory {
             // A write at start (the file's application id, "bdsc"): a database this server
             // may not write stops start-up here rather than failing every export later.
@@ -378,6 +385,15 @@ async fn check_file(base: &SqliteConnectOptions, file: &std::path::Path) -> Resu
              to {known}); run that version, or give --db another file",
             file.display()
         )));
+    }
+    if let Some(newest) = newest.filter(|v| *v < known) {
+        tracing::info!(
+            from = newest,
+            to = known,
+            "upgrading {}'s schema before serving: on a large store this takes minutes \
+             (an index is rewritten), and the server listens once it is done; do not stop it",
+            file.display()
+        );
     }
     Ok(())
 }
