@@ -3,7 +3,7 @@
 -- started instead of by trace id and start: new rows then land at the end of each term's
 -- second, where a key on the exact start took the analyzer's inserts at random places
 -- within a few seconds of export delay, and each row is about half as long
--- (store::query::TermLayout).
+-- (store::search::TermLayout).
 CREATE TABLE trace_summaries_by_id (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     trace_id        BLOB    NOT NULL UNIQUE,

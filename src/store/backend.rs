@@ -13,8 +13,9 @@ use sqlx::{Database, Pool, QueryBuilder};
 use super::StoreError;
 use super::dictionary::Dictionaries;
 use super::partitions::{PartitionPlan, PartitionsKept};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout, TraceSet};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::{EncodedBatch, OperationRow};
+use super::search::{SearchOrder, TermLayout};
 use super::seen::SeenOperations;
 use crate::core::model::TraceId;
 

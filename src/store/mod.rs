@@ -31,7 +31,7 @@
 //!   `trace_terms`: an inverted index over services, operations, flags, origins and
 //!   outcome (except "ok", which a search finds by reading the summaries in time order),
 //!   keyed (term id, start, trace id) on Postgres and (term id, start second, summary id)
-//!   on SQLite (`query::TermLayout`), each term's text kept once in `search_terms`. A
+//!   on SQLite (`search::TermLayout`), each term's text kept once in `search_terms`. A
 //!   search drives from its most selective term newest first (on SQLite sorting each
 //!   second's rows), looks each other term it asks for up by its key, and stops at its
 //!   limit; pagination is keyset on (start, trace id).
@@ -62,6 +62,7 @@ mod queue;
 mod reported;
 mod rollup;
 mod rows;
+mod search;
 mod seen;
 mod spans;
 pub mod sqlite;

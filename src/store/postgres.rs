@@ -14,8 +14,9 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use super::backend::{Backend, Writer};
 use super::partitions::{self, PartitionPlan, PartitionsKept};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout, TraceSet};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
+use super::search::{SearchOrder, TermLayout};
 use super::{CLAIM, StoreError};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;

@@ -12,13 +12,14 @@ use super::blocks::{StoredBlock, merge, read_blocks};
 use super::dictionary::Dictionaries;
 use super::query::{
     AttrFilter, Cursor, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,
-    TraceOutline, TraceQuery, TraceSize, TracesWithin, finish_search, start_search,
+    TraceOutline, TraceQuery, TraceSize, TracesWithin,
 };
 use super::rollup::stored_hops;
 use super::rows::{
     EncodedBatch, SPAN_COLUMNS, StoredRow, decode_counts, decode_operations, decode_rows,
     decode_trace_id,
 };
+use super::search::{finish_search, start_search};
 use super::summaries::push_list;
 use super::trace_scan::{Find, OutlineScan, Ranked, position};
 use super::{Operation, SpanWriter, StoreError, TraceReader};

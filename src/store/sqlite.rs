@@ -26,8 +26,9 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::StoreError;
 use super::backend::{Backend, Writer};
-use super::query::{Backlog, Cursor, DiskUsage, DueQuery, SearchOrder, TermLayout};
+use super::query::{Backlog, Cursor, DiskUsage, DueQuery};
 use super::rows::{EncodedBatch, OperationRow, SPAN_COLUMNS, SpanRow, decode_marks};
+use super::search::{SearchOrder, TermLayout};
 use crate::clock::now_unix_nano;
 use crate::core::model::TraceId;
 use std::collections::HashSet;

@@ -12,10 +12,10 @@ use super::dictionary::Dictionaries;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
 use super::query::{
-    HEALTHY, SUMMARY_COLUMNS, StoredSummary, SummaryRow, TermLayout, encode_summary, is_healthy,
-    summary_upsert, terms,
+    HEALTHY, SUMMARY_COLUMNS, StoredSummary, SummaryRow, encode_summary, is_healthy, summary_upsert,
 };
 use super::rollup::{StoredRollup, add_samples, apply_rollups, hourly, stored_hops};
+use super::search::{TermLayout, terms};
 use crate::core::analyze::hops::{HopSample, Rollup};
 use crate::core::analyze::hops::{RollupKey, add_edges};
 use crate::core::analyze::summary::TraceSummary;
