@@ -97,13 +97,14 @@ impl TermLayout {
         }
     }
 
-    /// What goes around a `VALUES` list of (term id, start, trace id) to make it rows of
-    /// `columns`: the BySummary layout looks up each trace's summary, which must exist.
+    /// What goes around a `VALUES` list of (term id, `time_of` the start, trace id) to make
+    /// it rows of `columns`: the BySummary layout looks up each trace's summary, which must
+    /// exist.
     pub(crate) fn rows_of_values(self) -> (&'static str, &'static str) {
         match self {
             TermLayout::ByTrace => ("", ""),
             TermLayout::BySummary => (
-                "SELECT v.column1, v.column2 / 1000000000, s.id FROM (",
+                "SELECT v.column1, v.column2, s.id FROM (",
                 ") v JOIN trace_summaries s ON s.trace_id = v.column3 WHERE TRUE",
             ),
         }
@@ -125,7 +126,7 @@ impl TermLayout {
         }
     }
 
-    /// The term row `x` of the same trace as the term row `t`.
+    /// The term row `x` of the trace of the driving term row `t` and its summary `ts`.
     fn same_trace(self) -> &'static str {
         match self {
             TermLayout::ByTrace => {

@@ -212,7 +212,7 @@ where
         ));
         insert.push_values(chunk, |mut b, (term, start, id, healthy)| {
             b.push_bind(ids.get(term).copied().unwrap_or(0))
-                .push_bind(*start)
+                .push_bind(B::TERMS.time_of(*start))
                 .push_bind(id.clone());
             if B::PARTITIONED {
                 b.push_bind(*healthy);
@@ -576,7 +576,7 @@ where
     let ids = term_ids::<DB>(conn, keys.iter().map(|(t, _, _)| t), false).await?;
     let keys: Vec<(i64, i64, Vec<u8>)> = keys
         .into_iter()
-        .filter_map(|(term, start, id)| Some((*ids.get(&term)?, start, id)))
+        .filter_map(|(term, start, id)| Some((*ids.get(&term)?, layout.time_of(start), id)))
         .collect();
     let (head, tail) = layout.rows_of_values();
     for chunk in keys.chunks(2 * CHUNK) {
@@ -584,14 +584,14 @@ where
         // on the triples alone SQLite scans the whole table. The list of start times lets
         // Postgres read only the time partitions that hold them.
         let distinct: BTreeSet<i64> = chunk.iter().map(|(t, _, _)| *t).collect();
-        let times: BTreeSet<i64> = chunk.iter().map(|(_, s, _)| layout.time_of(*s)).collect();
+        let times: BTreeSet<i64> = chunk.iter().map(|(_, time, _)| *time).collect();
         let mut delete = QueryBuilder::<DB>::new("DELETE FROM trace_terms WHERE term_id IN ");
         push_list(&mut delete, distinct);
         delete.push(format!(" AND {} IN ", layout.time_column()));
         push_list(&mut delete, times);
         delete.push(format!(" AND ({}) IN ({head}", layout.columns()));
-        delete.push_values(chunk, |mut b, (term, start, id)| {
-            b.push_bind(*term).push_bind(*start).push_bind(id.clone());
+        delete.push_values(chunk, |mut b, (term, time, id)| {
+            b.push_bind(*term).push_bind(*time).push_bind(id.clone());
         });
         delete.push(format!("{tail})"));
         delete.build().execute(&mut *conn).await?;
