@@ -250,6 +250,26 @@ mod tests {
     }
 
     #[test]
+    fn a_double_reads_back_as_the_same_double() {
+        // serde_json's default parser may land one unit in the last place away from the
+        // text's value (1964.0469401028433 read as 1964.046940102843); `float_roundtrip`
+        // reads every double exactly, so a stored attribute is what was sent.
+        for x in [
+            1964.0469401028433,
+            450.67793336328043,
+            -238.71506384647142,
+            5e-324,
+            1.7976931348623157e308,
+        ] {
+            let attributes: Attributes = vec![("d".into(), AttrValue::Double(x))];
+            let back = attributes_from_json(
+                &serde_json::from_str(&attributes_to_string(&attributes)).unwrap(),
+            );
+            assert_eq!(back, attributes, "{x}");
+        }
+    }
+
+    #[test]
     fn lossy_cases_are_the_documented_ones() {
         assert_eq!(
             value_to_json(&AttrValue::Bytes(vec![0, 255])),
