@@ -97,8 +97,8 @@ fn attribute_number(attributes: &str, key: &str) -> Option<f64> {
     }
 }
 
-/// zstd's level: its default, which keeps compression cheap beside the analysis
-/// (`budgetscope-bench ingest --rate 10000`, the analyzer's write time).
+/// zstd's level for values compressed without a dictionary (a store's first, kept as
+/// samples to train one from): its default.
 pub(crate) const LEVEL: i32 = 3;
 
 /// The text columns a frame holds, in order: service, name, status message, attributes,

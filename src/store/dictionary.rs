@@ -21,13 +21,19 @@ use zstd::dict::{DecoderDictionary, EncoderDictionary};
 
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
-use super::blocks::{LEVEL, compress, decompress};
+use super::blocks::{compress, decompress};
 use super::summaries::push_list;
 
 /// Values kept as samples before a dictionary is trained, and the most bytes they may take
 /// (what a store holds in memory for it, once).
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
+
+/// zstd's level with a dictionary: each value is compressed once, when written, and a
+/// few kilobytes at level 9 cost tens of microseconds where level 3 took a few, for about a
+/// sixth less of blocks and a twelfth less of hop samples (the disk and ingest figures of
+/// BENCHMARKS.md). Values compressed before a dictionary exists keep `blocks::LEVEL`.
+const LEVEL: i32 = 9;
 
 /// A dictionary's size: what the benchmark mix gained from (16, 64 and 110 KiB measured
 /// the same), small enough to load on every server.
