@@ -147,6 +147,38 @@ pub fn details_to_string(
     .unwrap_or_default()
 }
 
+/// The value of `key` in an attributes object's text (`attributes_to_string`), without
+/// building the others: they are skipped as they are read, numbers unconverted. Of
+/// duplicate keys the last wins, as when the whole object is read; `None` when the text is
+/// not an object or has no such key.
+pub fn value_of(text: &str, key: &str) -> Option<Value> {
+    struct Find<'k>(&'k str);
+    impl<'de> serde::de::Visitor<'de> for Find<'_> {
+        type Value = Option<Value>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == self.0 {
+                    found = Some(map.next_value()?);
+                } else {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            Ok(found)
+        }
+    }
+    let mut reader = serde_json::Deserializer::from_str(text);
+    let found = serde::Deserializer::deserialize_map(&mut reader, Find(key)).ok()?;
+    reader.end().ok()?;
+    found
+}
+
 pub fn value_from_json(value: &Value) -> AttrValue {
     match value {
         Value::Null => AttrValue::Empty,
@@ -266,6 +298,23 @@ mod tests {
                 &serde_json::from_str(&attributes_to_string(&attributes)).unwrap(),
             );
             assert_eq!(back, attributes, "{x}");
+        }
+    }
+
+    #[test]
+    fn one_value_is_found_as_reading_the_whole_object_finds_it() {
+        let text = r#"{"a":{"k":[1,{"x":2}]},"b\"c":1.5,"n":1,"s":"t","n":2.5e3}"#;
+        let whole: Map<String, Value> = serde_json::from_str(text).unwrap();
+        for key in ["a", "b\"c", "n", "s", "missing", "k", "x"] {
+            assert_eq!(value_of(text, key), whole.get(key).cloned(), "{key}");
+        }
+        assert_eq!(
+            value_of(text, "n"),
+            Some(json!(2500.0)),
+            "the last of duplicates"
+        );
+        for broken in ["[1]", "3", r#"{"n":1"#, r#"{"n":1} x"#, ""] {
+            assert_eq!(value_of(broken, "n"), None, "{broken}");
         }
     }
 

@@ -17,6 +17,7 @@ use super::backend::Backend;
 use super::dictionary::Dictionaries;
 use super::rows::StoredRow;
 use super::summaries::push_list;
+use crate::core::attr_json;
 use crate::core::model::{SpanId, TraceId};
 
 /// The most a compressed value may expand to: far above any block or summary, so a
@@ -89,8 +90,7 @@ const PARENT_AT: u64 = 2;
 /// what a budget read from that attribute says (`core::budget`), checked bit for bit
 /// before a block leaves the budget out.
 fn attribute_number(attributes: &str, key: &str) -> Option<f64> {
-    let value: serde_json::Value = serde_json::from_str(attributes).ok()?;
-    match value.get(key)? {
+    match attr_json::value_of(attributes, key)? {
         serde_json::Value::Number(n) => n.as_f64(),
         serde_json::Value::String(s) => s.trim().parse().ok(),
         _ => None,
@@ -617,7 +617,8 @@ mod tests {
         rows[1].attributes = r#"{"x-budget":" 842 "}"#.into();
         rows[2].budget_ms = Some(100.0);
         rows[2].budget_source = Some("deadline.remaining_ms".into());
-        rows[2].attributes = r#"{"deadline.remaining_ms":99.5}"#.into();
+        rows[2].attributes =
+            r#"{"deadline.remaining_ms":100.0,"deadline.remaining_ms":99.5}"#.into();
         // A parent outside the block, and one inside it that comes later.
         rows[1].parent_span_id = Some(vec![9; 8]);
         rows[0].parent_span_id = Some(rows[3].span_id.clone());

@@ -51,13 +51,10 @@ impl AttrFilter {
         if !attributes.contains(self.key.as_str()) {
             return false;
         }
-        let Ok(serde_json::Value::Object(map)) = serde_json::from_str(attributes) else {
+        let Some(value) = crate::core::attr_json::value_of(attributes, &self.key) else {
             return false;
         };
-        let Some(value) = map.get(&self.key) else {
-            return false;
-        };
-        let order = match (&self.value, value) {
+        let order = match (&self.value, &value) {
             (AttrOperand::Number(n), serde_json::Value::Number(v)) => {
                 v.as_f64().and_then(|v| v.partial_cmp(n))
             }
