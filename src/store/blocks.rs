@@ -70,8 +70,8 @@ pub(crate) fn decompress(bytes: &[u8]) -> Result<Vec<u8>, StoreError> {
 /// The frame's layout version, its first byte before compression. Format 1 (still read)
 /// kept each parent id whole and each budget as a double; format 2 names a parent held in
 /// the same block by its place there, and leaves out a budget that its source attribute
-/// holds exactly (the attributes already say it): about 6 bytes less per span for the
-/// benchmark mix (`budgetscope demo --spans 1000000`, then `dbstat`).
+/// holds exactly: the attributes already say it, and a double's low bytes do not compress
+/// (BENCHMARKS.md, "Disk per span").
 const FORMAT: u8 = 2;
 const FORMAT_1: u8 = 1;
 

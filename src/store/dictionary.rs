@@ -29,10 +29,10 @@ use super::summaries::push_list;
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
 
-/// zstd's level with a dictionary: each value is compressed once, when written, and a
-/// few kilobytes at level 9 cost tens of microseconds where level 3 took a few, for about a
-/// sixth less of blocks and a twelfth less of hop samples (the disk and ingest figures of
-/// BENCHMARKS.md). Values compressed before a dictionary exists keep `blocks::LEVEL`.
+/// zstd's level with a dictionary: each value is compressed once, when written, so the
+/// smaller blocks and hop samples are worth the slower compression (BENCHMARKS.md, "Disk
+/// per span" and "A steady 10k spans/s"). Values compressed before a dictionary exists keep
+/// `blocks::LEVEL`.
 const LEVEL: i32 = 9;
 
 /// A dictionary's size: what the benchmark mix gained from (16, 64 and 110 KiB measured
