@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::dictionary::Dictionaries;
+use super::blocks::LEVEL;
+use super::dictionary::{BLOCK_LEVEL, Dictionaries};
 use super::partitions::{PartitionPlan, PartitionsKept};
 use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::{EncodedBatch, OperationRow};
@@ -148,9 +149,9 @@ where
     pub async fn open(backend: B) -> Result<SqlStore<B>, StoreError> {
         let store = SqlStore {
             backend,
-            block_dictionaries: Dictionaries::new("blocks"),
-            hop_dictionaries: Dictionaries::new("hops"),
-            summary_dictionaries: Dictionaries::new("summaries"),
+            block_dictionaries: Dictionaries::new("blocks", BLOCK_LEVEL),
+            hop_dictionaries: Dictionaries::new("hops", LEVEL),
+            summary_dictionaries: Dictionaries::new("summaries", LEVEL),
             seen_operations: SeenOperations::default(),
         };
         store.block_dictionaries.load_newest(&store.backend).await?;

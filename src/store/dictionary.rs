@@ -29,11 +29,12 @@ use super::summaries::push_list;
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
 
-/// zstd's level with a dictionary: each value is compressed once, when written, so the
-/// smaller blocks and hop samples are worth the slower compression (BENCHMARKS.md, "Disk
-/// per span" and "A steady 10k spans/s"). Values compressed before a dictionary exists keep
-/// `blocks::LEVEL`.
-const LEVEL: i32 = 9;
+/// zstd's level for span blocks: compaction compresses each once, in the time analysis
+/// leaves it, so smaller blocks are worth the slower compression (BENCHMARKS.md, "Disk per
+/// span"). Hop samples and summaries keep `blocks::LEVEL`: the analysis compresses them
+/// itself, and a higher level cost it its pace at a sustained load
+/// (`budgetscope-bench sustained --rate 40000`, the lag).
+pub(crate) const BLOCK_LEVEL: i32 = 9;
 
 /// A dictionary's size: what the benchmark mix gained from (16, 64 and 110 KiB measured
 /// the same), small enough to load on every server.
@@ -53,6 +54,8 @@ pub(crate) struct Dictionaries {
     /// "blocks", "hops" or "summaries" (a constant, never user input): the `kind` of its rows in
     /// `zstd_dictionaries`.
     kind: &'static str,
+    /// zstd's level with the dictionary.
+    level: i32,
     /// The dictionary new values are compressed with.
     encoder: RwLock<Option<Arc<EncoderDictionary<'static>>>>,
     decoders: RwLock<HashMap<u32, Arc<DecoderDictionary<'static>>>>,
@@ -71,9 +74,10 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
 }
 
 impl Dictionaries {
-    pub fn new(kind: &'static str) -> Dictionaries {
+    pub fn new(kind: &'static str, level: i32) -> Dictionaries {
         Dictionaries {
             kind,
+            level,
             encoder: RwLock::default(),
             decoders: RwLock::default(),
             samples: Mutex::default(),
@@ -204,7 +208,7 @@ impl Dictionaries {
             .expect("not poisoned")
             .insert(id, Arc::new(DecoderDictionary::copy(dictionary)));
         *self.encoder.write().expect("not poisoned") =
-            Some(Arc::new(EncoderDictionary::copy(dictionary, LEVEL)));
+            Some(Arc::new(EncoderDictionary::copy(dictionary, self.level)));
     }
 
     /// Once enough samples are kept and there is no dictionary yet: trains one, commits it
@@ -286,7 +290,7 @@ mod tests {
 
     #[test]
     fn frames_compressed_with_a_dictionary_name_it_and_read_back_only_with_it() {
-        let store = Dictionaries::new("test");
+        let store = Dictionaries::new("test", crate::store::blocks::LEVEL);
         // Plain until trained, each frame kept as a sample.
         let plain = store.compress(&frame(0)).unwrap();
         assert!(zstd::zstd_safe::get_dict_id_from_frame(&plain).is_none());
@@ -309,7 +313,7 @@ mod tests {
         assert_eq!(store.decompress(&plain).unwrap(), frame(0));
 
         // A store that has not loaded the dictionary says which one it lacks.
-        match Dictionaries::new("test").decompress(&packed) {
+        match Dictionaries::new("test", crate::store::blocks::LEVEL).decompress(&packed) {
             Err(StoreError::Corrupt(message)) => {
                 assert!(message.contains(&id.to_string()), "{message}")
             }
