@@ -32,8 +32,8 @@ const SAMPLE_BYTES: usize = 4 << 20;
 /// zstd's level for span blocks: compaction compresses each once, in the time analysis
 /// leaves it, so smaller blocks are worth the slower compression (BENCHMARKS.md, "Disk per
 /// span"). Hop samples and summaries keep `blocks::LEVEL`: the analysis compresses them
-/// itself, and a higher level cost it its pace at a sustained load
-/// (`budgetscope-bench sustained --rate 40000`, the lag).
+/// itself, and its time bounds the lag at a sustained load (`budgetscope-bench sustained
+/// --rate 40000`).
 pub(crate) const BLOCK_LEVEL: i32 = 9;
 
 /// A dictionary's size: what the benchmark mix gained from (16, 64 and 110 KiB measured
