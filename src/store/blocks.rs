@@ -280,8 +280,7 @@ struct Columns<'a> {
     kinds: Vec<(i16, i16)>,
     starts: Vec<i64>,
     ends: Vec<i64>,
-    /// `Err` where the budget is its source attribute's (`Columns::budget`).
-    budgets: Vec<Result<Option<f64>, ()>>,
+    budgets: Vec<StoredBudget>,
     sources: Vec<Option<&'a str>>,
     texts: Vec<Vec<&'a str>>,
 }
@@ -303,7 +302,7 @@ impl<'a> Columns<'a> {
             .collect::<Result<_, _>>()?;
         let parents = (0..n)
             .map(|_| match (format, r.varint()?) {
-                (_, 0) => Ok(None),
+                (_, PARENT_NONE) => Ok(None),
                 (FORMAT_1, _) | (_, PARENT_ID) => r.bytes(SpanId::LEN).map(Some),
                 (_, at) => usize::try_from(at - PARENT_AT)
                     .ok()
@@ -327,13 +326,13 @@ impl<'a> Columns<'a> {
             .map(|start| Ok(start.wrapping_add(r.signed()?)))
             .collect::<Result<_, StoreError>>()?;
         // A budget left out for its attribute is read once the attributes are.
-        let budgets: Vec<Result<Option<f64>, ()>> = (0..n)
+        let budgets = (0..n)
             .map(|_| match (format, r.byte()?) {
-                (_, BUDGET_NONE) => Ok(Ok(None)),
-                (FORMAT_1, _) | (_, BUDGET_DOUBLE) => r
-                    .bytes(8)
-                    .map(|b| Ok(Some(f64::from_le_bytes(b.try_into().expect("8 bytes"))))),
-                (_, BUDGET_FROM_ATTRIBUTE) => Ok(Err(())),
+                (_, BUDGET_NONE) => Ok(StoredBudget::Held(None)),
+                (FORMAT_1, _) | (_, BUDGET_DOUBLE) => r.bytes(8).map(|b| {
+                    StoredBudget::Held(Some(f64::from_le_bytes(b.try_into().expect("8 bytes"))))
+                }),
+                (_, BUDGET_FROM_ATTRIBUTE) => Ok(StoredBudget::InAttribute),
                 _ => Err(corrupt("unknown budget tag")),
             })
             .collect::<Result<_, _>>()?;
@@ -360,12 +359,19 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// A span's budget as a frame holds it: itself (or none), or left to its source attribute.
+#[derive(Clone, Copy)]
+enum StoredBudget {
+    Held(Option<f64>),
+    InAttribute,
+}
+
 impl Columns<'_> {
     /// The budget of the `i`-th span.
     fn budget(&self, i: usize) -> Result<Option<f64>, StoreError> {
         match self.budgets[i] {
-            Ok(budget) => Ok(budget),
-            Err(()) => self.sources[i]
+            StoredBudget::Held(budget) => Ok(budget),
+            StoredBudget::InAttribute => self.sources[i]
                 .and_then(|source| attribute_number(self.texts[3][i], source))
                 .map(Some)
                 .ok_or_else(|| {
