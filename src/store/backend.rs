@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use sqlx::{Database, Pool, QueryBuilder};
 
 use super::StoreError;
-use super::blocks::LEVEL;
-use super::dictionary::{BLOCK_LEVEL, Dictionaries};
+use super::blocks::{BLOCK_LEVEL, LEVEL};
+use super::dictionary::Dictionaries;
 use super::partitions::{PartitionPlan, PartitionsKept};
 use super::query::{Backlog, Cursor, DiskUsage, DueQuery, TraceSet};
 use super::rows::{EncodedBatch, OperationRow};

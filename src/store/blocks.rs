@@ -99,8 +99,14 @@ fn attribute_number(attributes: &str, key: &str) -> Option<f64> {
 
 /// zstd's level for values compressed without a dictionary (a store's first, kept as
 /// samples to train one from), and for hop samples and summaries with one: its default.
-/// Blocks with a dictionary take `dictionary::BLOCK_LEVEL`.
 pub(crate) const LEVEL: i32 = 3;
+
+/// zstd's level for span blocks with a dictionary: compaction compresses each once, in the
+/// time analysis leaves it, so smaller blocks are worth the slower compression
+/// (BENCHMARKS.md, "Disk per span"). Hop samples and summaries keep `LEVEL`: the analysis
+/// compresses them itself, and its time bounds the lag at a sustained load
+/// (`budgetscope-bench sustained --rate 40000`).
+pub(crate) const BLOCK_LEVEL: i32 = 9;
 
 /// The text columns a frame holds, in order: service, name, status message, attributes,
 /// resource, details.
@@ -563,7 +569,7 @@ mod tests {
             row(3, i64::MAX - 10_000),
             row(4, 0),
         ];
-        let dictionaries = Dictionaries::new("blocks", LEVEL);
+        let dictionaries = Dictionaries::new("blocks", BLOCK_LEVEL);
         let block = encode(&rows, &dictionaries).unwrap();
         let stored = StoredBlock {
             trace_id: vec![7; 16],
@@ -586,7 +592,7 @@ mod tests {
     #[test]
     fn a_damaged_block_is_an_error_not_a_panic() {
         let rows = vec![row(1, 1_000), row(2, 2_000)];
-        let dictionaries = Dictionaries::new("blocks", LEVEL);
+        let dictionaries = Dictionaries::new("blocks", BLOCK_LEVEL);
         let frame_of = |rows: &[StoredRow]| {
             zstd::bulk::decompress(&encode(rows, &dictionaries).unwrap(), 1 << 20).unwrap()
         };
@@ -629,7 +635,7 @@ mod tests {
         // A parent outside the block, and one inside it that comes later.
         rows[1].parent_span_id = Some(vec![9; 8]);
         rows[0].parent_span_id = Some(rows[3].span_id.clone());
-        let dictionaries = Dictionaries::new("blocks", LEVEL);
+        let dictionaries = Dictionaries::new("blocks", BLOCK_LEVEL);
         let block = encode(&rows, &dictionaries).unwrap();
         let frame = zstd::bulk::decompress(&block, 1 << 20).unwrap();
         assert_eq!(frame[0], FORMAT);
@@ -682,7 +688,7 @@ mod tests {
         rows[0].budget_ms = Some(5.0);
         rows[0].budget_source = Some("b".into());
         rows[0].attributes = r#"{"b":5}"#.into();
-        let dictionaries = Dictionaries::new("blocks", LEVEL);
+        let dictionaries = Dictionaries::new("blocks", BLOCK_LEVEL);
         let frame =
             zstd::bulk::decompress(&encode(&rows, &dictionaries).unwrap(), 1 << 20).unwrap();
         assert!(decode(&[7; 16], &frame).is_ok());

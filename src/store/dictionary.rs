@@ -29,13 +29,6 @@ use super::summaries::push_list;
 const SAMPLES: usize = 1_000;
 const SAMPLE_BYTES: usize = 4 << 20;
 
-/// zstd's level for span blocks: compaction compresses each once, in the time analysis
-/// leaves it, so smaller blocks are worth the slower compression (BENCHMARKS.md, "Disk per
-/// span"). Hop samples and summaries keep `blocks::LEVEL`: the analysis compresses them
-/// itself, and its time bounds the lag at a sustained load (`budgetscope-bench sustained
-/// --rate 40000`).
-pub(crate) const BLOCK_LEVEL: i32 = 9;
-
 /// A dictionary's size: what the benchmark mix gained from (16, 64 and 110 KiB measured
 /// the same), small enough to load on every server.
 const DICTIONARY_BYTES: usize = 16 << 10;
