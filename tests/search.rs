@@ -265,6 +265,76 @@ edge server "GET /" 0 300 budget=800
     }
 }
 
+/// A trace analysed from the spans held since their commit moves into its block in the
+/// write of its summary: nothing waits for compaction, no row is left, and it reads back
+/// span for span. A trace read back from the store waits for compaction as before.
+#[tokio::test]
+async fn a_trace_analysed_from_memory_moves_into_its_block_with_its_summary() {
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+    use budgetscope::pipeline::held::HeldTraces;
+    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+
+    let chain = r#"
+edge server "GET /" 0 300 budget=800
+  edge client "billing" 10 200 budget=5000 attr:peer.service=billing
+    billing server "Charge" 12 190 budget=5000 http-status=200
+"#;
+    for db in TestDb::all().await {
+        let store = budgetscope::store::open(&db.url).await.unwrap();
+        let held = HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT));
+        let (in_memory, from_store) = (trace(41, chain), trace(42, chain));
+        // Trace 41 is committed and held as the receiver holds it; trace 42 only committed.
+        store.write_spans(&in_memory).await.unwrap();
+        held.add(
+            held.project(&in_memory),
+            budgetscope::store::encode_rows(in_memory.clone()),
+        );
+        store.write_spans(&from_store).await.unwrap();
+        let ids = [TraceId([41; 16]), TraceId([42; 16])];
+        let before: Vec<_> = [
+            store.trace(ids[0]).await.unwrap(),
+            store.trace(ids[1]).await.unwrap(),
+        ]
+        .into();
+        let options = AnalyzerOptions {
+            quiet_period: Duration::ZERO,
+            max_trace_wait: Duration::from_secs(300),
+            analyze: Default::default(),
+            metrics: Default::default(),
+            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+            held,
+        };
+        while analysis_pass(store.as_ref(), &options).await.unwrap().more {}
+        assert_eq!(
+            store.compaction_waiting().await.unwrap(),
+            1,
+            "{}: only the trace read back waits",
+            db.backend
+        );
+        assert_eq!(
+            store.trace(ids[0]).await.unwrap(),
+            before[0],
+            "{}",
+            db.backend
+        );
+        assert_eq!(
+            store.compact(&ids[..1], u64::MAX).await.unwrap().spans,
+            0,
+            "{}: no row of the trace analysed from memory is left",
+            db.backend
+        );
+        let (done, taken) = store.compact_due(10, u64::MAX).await.unwrap();
+        assert_eq!((taken, done.spans), (1, 3), "{}", db.backend);
+        assert_eq!(
+            store.trace(ids[1]).await.unwrap(),
+            before[1],
+            "{}",
+            db.backend
+        );
+        assert_eq!(store.span_count().await.unwrap(), 6, "{}", db.backend);
+    }
+}
+
 /// While ingest is saturated the analyzer rests between passes, but it never stops: every
 /// quiet trace is still summarised, across more than one pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

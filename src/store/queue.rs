@@ -5,9 +5,11 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
+use super::compaction::{Compacted, Rewrite};
 use super::edges::StoredEdge;
 use super::query::{Backlog, Cursor, DueQuery, StaleQuery, StoredSummary};
 use super::rollup::StoredRollup;
+use super::rows::SpanRow;
 use super::rows::decode_positions;
 use super::summaries::{Replace, ReplacedSummary, stale_count, stale_query, write_summaries};
 use super::{AnalysisQueue, StoreError};
@@ -49,14 +51,22 @@ where
         self.backend.due_traces(query).await
     }
 
-    async fn write_summaries(
+    async fn write_analysed(
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        let minutes = self.write(traces, Replace::Marked(analysed)).await?;
+        whole: Vec<(TraceId, Vec<SpanRow>)>,
+    ) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError> {
+        // Compressed before the writer is taken: ingest commits through it.
+        let blocks = whole
+            .into_iter()
+            .map(|(id, rows)| Rewrite::first(id, rows, &self.block_dictionaries))
+            .collect::<Result<Vec<_>, _>>()?;
+        let written = self
+            .write(traces, Replace::Marked(analysed), &blocks)
+            .await?;
         self.backend.summaries_written(traces.len() as u64).await;
-        Ok(minutes)
+        Ok(written)
     }
 
     async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
@@ -80,7 +90,7 @@ where
         traces: &[(TraceSummary, Vec<HopSample>)],
         version: AnalysisVersion,
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        self.write(traces, Replace::Stale(version)).await
+        Ok(self.write(traces, Replace::Stale(version), &[]).await?.0)
     }
 }
 
@@ -112,13 +122,15 @@ where
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         replace: Replace<'_>,
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        blocks: &[Rewrite],
+    ) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError> {
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let minutes = write_summaries::<B>(
+        let written = write_summaries::<B>(
             &mut tx,
             traces,
             replace,
+            blocks,
             &self.hop_dictionaries,
             &self.summary_dictionaries,
         )
@@ -130,11 +142,12 @@ where
         for (dictionaries, what) in [
             (&self.hop_dictionaries, "hop samples"),
             (&self.summary_dictionaries, "summaries"),
+            (&self.block_dictionaries, "span blocks"),
         ] {
             if let Err(error) = dictionaries.train_when_ready(&self.backend).await {
                 tracing::warn!(%error, "could not train or store a compression dictionary for {what}; they stay plainly compressed until a later try succeeds");
             }
         }
-        Ok(minutes)
+        Ok(written)
     }
 }
