@@ -567,7 +567,7 @@ async fn ingest_reports_a_backlog_only_while_a_quarter_of_the_queue_waits() {
 
     sqlx::query("ROLLBACK").execute(&mut lock).await.unwrap();
     for job in jobs {
-        assert_eq!(job.await.unwrap().map(|rows| rows.len()), Ok(1));
+        assert_eq!(job.await.unwrap(), Ok(()));
     }
     assert!(!ingestor.backlogged(), "every job committed");
     ingestor.shutdown().await;

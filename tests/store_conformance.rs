@@ -1734,9 +1734,7 @@ async fn every_read(store: &dyn Store, ids: &[TraceId]) -> String {
     let mut all = store.traces(ids).await.unwrap();
     all.sort_by_key(|s| (s.trace_id, s.span_id));
     out += &format!("traces {}\n", names(&all));
-    // Whole traces in trace-id order; the order of a trace's spans is not the contract.
-    let mut within = store.traces_within(ids, u64::MAX, u64::MAX).await.unwrap();
-    within.spans.sort_by_key(|s| (s.trace_id, s.span_id));
+    let within = store.traces_within(ids, u64::MAX, u64::MAX).await.unwrap();
     out += &format!("within {} {}\n", names(&within.spans), within.bytes);
     let mut counts: Vec<_> = store.span_counts(ids).await.unwrap().into_iter().collect();
     counts.sort();
@@ -1933,89 +1931,6 @@ async fn analysed_traces_wait_for_compaction_in_the_store() {
         assert_eq!((taken, nothing.traces), (1, 0), "{backend}");
         assert_eq!(store.compaction_waiting().await.unwrap(), 0, "{backend}");
     }
-}
-
-/// A trace written with the rows its spans were committed as moves into its first block in
-/// the same write: it does not wait for compaction and reads as it did. A trace whose marks
-/// another write took is not written, and keeps its rows; a trace that has a block already
-/// waits for compaction, its new rows merged there.
-#[tokio::test]
-async fn a_trace_written_with_its_rows_moves_into_its_block_in_the_same_write() {
-    on_every_store(|store, backend| async move {
-        let (a_spans, a) = analysed_trace(31);
-        let (b_spans, b) = analysed_trace(32);
-        let (c_spans, c) = analysed_trace(33);
-        store
-            .write_spans(&[a_spans.clone(), b_spans.clone(), c_spans.clone()].concat())
-            .await
-            .unwrap();
-        let ids = [a.0.trace_id, b.0.trace_id, c.0.trace_id];
-        let as_rows = every_read(store.as_ref(), &ids).await;
-        let marks = store
-            .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
-            .await
-            .unwrap();
-        // Trace 33 is written first by another write: its marks are gone for this one.
-        let c_marks: Vec<_> = marks
-            .iter()
-            .filter(|(id, _)| *id == ids[2])
-            .copied()
-            .collect();
-        store.write_summaries(&[c.clone()], &c_marks).await.unwrap();
-        let whole = vec![
-            (ids[0], store::encode_rows(a_spans.clone())),
-            (ids[2], store::encode_rows(c_spans.clone())),
-        ];
-        let (_, moved) = store
-            .write_analysed(&[a.clone(), b.clone(), c.clone()], &marks, whole)
-            .await
-            .unwrap();
-        assert_eq!(
-            (moved.traces, moved.spans),
-            (1, 3),
-            "{backend}: trace 31 alone"
-        );
-        assert!(moved.block_bytes > 0 && moved.row_bytes > 0, "{backend}");
-        assert_eq!(every_read(store.as_ref(), &ids).await, as_rows, "{backend}");
-        assert_eq!(
-            store.compaction_waiting().await.unwrap(),
-            2,
-            "{backend}: trace 32 (read back) and 33 (written earlier) wait"
-        );
-        assert_eq!(
-            store.compact(&ids[..1], u64::MAX).await.unwrap().spans,
-            0,
-            "{backend}"
-        );
-
-        // A late span of trace 31: its block is there, so the late row waits.
-        let late = span(31, 9, Some(1), "edge", "late", 60_000_000_000 + 40_000_000);
-        store
-            .write_spans(std::slice::from_ref(&late))
-            .await
-            .unwrap();
-        let marks = store
-            .due_traces(&DueQuery::quiet(u64::MAX, 1_000))
-            .await
-            .unwrap();
-        let (_, moved) = store
-            .write_analysed(
-                &[a.clone()],
-                &marks,
-                vec![(ids[0], store::encode_rows(vec![late]))],
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            moved.traces, 0,
-            "{backend}: a block is never overwritten this way"
-        );
-        let (done, taken) = store.compact_due(10, u64::MAX).await.unwrap();
-        assert_eq!((taken, done.spans), (3, 7), "{backend}");
-        assert_eq!(store.trace(ids[0]).await.unwrap().len(), 4, "{backend}");
-        assert_eq!(store.span_count().await.unwrap(), 10, "{backend}");
-    })
-    .await;
 }
 
 /// Span blocks, summaries' hop samples and summaries' packed detail are compressed plainly

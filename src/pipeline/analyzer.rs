@@ -46,7 +46,7 @@ use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE, Reservation
 use crate::pipeline::metrics::Metrics;
 use crate::pipeline::reanalysis::{Reanalysis, reanalysis_pass};
 use crate::store::query::{DueQuery, TraceOutline, TracesWithin};
-use crate::store::{Compacted, SpanRow, Store, StoreError};
+use crate::store::{Compacted, Store, StoreError};
 
 /// Traces analysed per pass, at most: fewer when their spans do not fit in the pass's
 /// share of the memory budget. Against 200, finding the
@@ -285,7 +285,7 @@ pub async fn analyze_quiet_traces(
 
 /// Groups spans by trace, analyses and summarises each trace, in one blocking task.
 pub(crate) async fn analyse_traces(
-    held: Vec<(TraceId, Vec<HeldSpan>)>,
+    held: HashMap<TraceId, Vec<HeldSpan>>,
     spans: Vec<Span>,
     options: &AnalyzeOptions,
 ) -> Result<Vec<(TraceSummary, Vec<HopSample>)>, StoreError> {
@@ -394,42 +394,34 @@ const WRITE_CHUNK: usize = 250;
 const PACED_WRITE_CHUNK: usize = 100;
 
 /// Writes a pass's summaries and clears its marks, `chunk` traces per transaction:
-/// each trace's summary, hop samples and marks in the same one, and the traces in `whole`
-/// (analysed from the rows their spans were committed as) moved into their blocks. Returns
-/// the rollup deltas, what moved into blocks and how long the writes took.
+/// each trace's summary, hop samples and marks in the same one. Returns the rollup deltas
+/// and how long the writes took.
 async fn write_in_chunks(
     store: &dyn Store,
     mut summaries: Vec<(TraceSummary, Vec<HopSample>)>,
     mut marks: Vec<(TraceId, i64)>,
-    mut whole: Vec<(TraceId, Vec<SpanRow>)>,
     chunk: usize,
-) -> Result<(Vec<(RollupKey, Rollup)>, Compacted, Duration), StoreError> {
+) -> Result<(Vec<(RollupKey, Rollup)>, Duration), StoreError> {
     summaries.sort_unstable_by_key(|(summary, _)| summary.trace_id);
     marks.sort_unstable();
-    // Last first, so that each chunk's are split off the end.
-    whole.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut ids: Vec<TraceId> = marks.iter().map(|(id, _)| *id).collect();
     ids.extend(summaries.iter().map(|(summary, _)| summary.trace_id));
     ids.sort_unstable();
     ids.dedup();
     let (mut summaries, mut marks) = (summaries.as_slice(), marks.as_slice());
-    let (mut deltas, mut compacted, mut writing) =
-        (Vec::new(), Compacted::default(), Duration::ZERO);
+    let (mut deltas, mut writing) = (Vec::new(), Duration::ZERO);
     for chunk in ids.chunks(chunk) {
         let last = chunk[chunk.len() - 1];
         let (these, rest) =
             summaries.split_at(summaries.partition_point(|(s, _)| s.trace_id <= last));
         let (their_marks, other_marks) =
             marks.split_at(marks.partition_point(|(id, _)| *id <= last));
-        let their_rows = whole.split_off(whole.partition_point(|(id, _)| *id > last));
         let started = Instant::now();
-        let (written, moved) = store.write_analysed(these, their_marks, their_rows).await?;
-        deltas.extend(written);
-        compacted.add(&moved);
+        deltas.extend(store.write_summaries(these, their_marks).await?);
         writing += started.elapsed();
         (summaries, marks) = (rest, other_marks);
     }
-    Ok((deltas, compacted, writing))
+    Ok((deltas, writing))
 }
 
 /// What one pass did.
@@ -483,11 +475,11 @@ pub async fn analysis_pass(
     if !held.is_empty() {
         let candidates: Vec<TraceId> = held.keys().copied().collect();
         let stored = store.span_counts(&candidates).await?;
-        held.retain(|id, taken| stored.get(id) == Some(&(taken.spans.len() as u64)));
+        held.retain(|id, spans| stored.get(id) == Some(&(spans.len() as u64)));
     }
     // A trace past what one pass may read is not analysed from memory either.
     let max_trace_bytes = max_trace_bytes(&options.memory);
-    held.retain(|_, taken| taken.bytes <= max_trace_bytes);
+    held.retain(|_, spans| spans.iter().map(HeldSpan::bytes).sum::<u64>() <= max_trace_bytes);
     let from_memory = held.len() as u64;
     let counted = started.elapsed();
     let unheld: Vec<TraceId> = ids
@@ -501,7 +493,7 @@ pub async fn analysis_pass(
     } else {
         read_within(store, &unheld, &memory, &options.memory).await?
     };
-    let held_bytes: u64 = held.values().map(|taken| taken.bytes).sum();
+    let held_bytes: u64 = held.values().flatten().map(HeldSpan::bytes).sum();
     memory.set((read.bytes + held_bytes) * PASS_BYTES_PER_ROW_BYTE);
     // Traces are read in id order: when the reading stopped at the limit, traces after
     // the last one read wait for the next pass; the ones up to it without spans were
@@ -513,10 +505,6 @@ pub async fn analysis_pass(
     let read_at = started.elapsed();
     let mut summaries = outline_summaries(store, &read.too_large, &options.analyze).await?;
     let too_large = summaries.len() as u64;
-    let (held, whole): (Vec<_>, Vec<_>) = held
-        .into_iter()
-        .map(|(id, taken)| ((id, taken.spans), (id, taken.rows)))
-        .unzip();
     summaries.extend(analyse_traces(held, read.spans, &options.analyze).await?);
     let analysed = started.elapsed();
     let written = summaries.len() as u64;
@@ -524,8 +512,7 @@ pub async fn analysis_pass(
         true => PACED_WRITE_CHUNK,
         false => WRITE_CHUNK,
     };
-    let (deltas, compacted, writing) =
-        write_in_chunks(store, summaries, marks, whole, chunk).await?;
+    let (deltas, writing) = write_in_chunks(store, summaries, marks, chunk).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     tracing::debug!(
         traces = ids.len(),
@@ -539,7 +526,6 @@ pub async fn analysis_pass(
     );
     drop(memory);
     options.metrics.record_rollups(&deltas);
-    options.metrics.record_compacted(&compacted);
     options.metrics.traces_analysed.inc_by(written);
     options
         .metrics

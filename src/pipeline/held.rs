@@ -1,7 +1,5 @@
 //! Recently committed spans, held per trace in the compact form the analysis reads, so the
-//! analyzer can summarise a trace without reading its spans back from the store, each with
-//! the row it was committed as, so the trace moves into its block without being read back
-//! either (`Store::write_analysed`).
+//! analyzer can summarise a trace without reading its spans back from the store.
 //!
 //! Architecture invariant: only committed spans are held, and the analyzer uses a trace's
 //! held spans only when the store holds exactly as many spans of it and no span id is held
@@ -19,7 +17,6 @@ use crate::core::model::{
     AttrValue, Budget, Scope, Span, SpanId, SpanKind, Status, StatusCode, TraceId,
 };
 use crate::pipeline::memory::{MemoryBudget, Reservation};
-use crate::store::SpanRow;
 
 /// Held spans take at most this share of the memory budget's pool (1/3, 128 MiB by default):
 /// enough for the traces waiting out the quiet period at 50k spans/s, where a trace that
@@ -123,32 +120,6 @@ fn value_bytes(value: &AttrValue) -> usize {
     }
 }
 
-/// A held trace taken out for analysis: its spans, the rows they were committed as, and the
-/// bytes both were accounted at.
-#[derive(Debug)]
-pub struct Taken {
-    pub spans: Vec<HeldSpan>,
-    pub rows: Vec<SpanRow>,
-    pub bytes: u64,
-}
-
-/// A held row's heap and inline bytes, as accounted in the memory budget; its resource and
-/// details count once per run of rows of the trace that share them (`store::encode_rows`).
-fn row_bytes(row: &SpanRow, previous: Option<&SpanRow>) -> u64 {
-    let shared = |text: &Arc<str>, before: Option<&Arc<str>>| match before {
-        Some(before) if Arc::ptr_eq(text, before) => 0,
-        _ => text.len(),
-    };
-    (std::mem::size_of::<SpanRow>()
-        + row.service.len()
-        + row.name.len()
-        + row.status_message.len()
-        + row.budget_source.as_ref().map_or(0, String::len)
-        + row.attributes.len()
-        + shared(&row.resource, previous.map(|p| &p.resource))
-        + shared(&row.details, previous.map(|p| &p.details))) as u64
-}
-
 /// The held traces.
 pub struct HeldTraces {
     held: Mutex<Held>,
@@ -166,8 +137,6 @@ struct Held {
 
 struct HeldTrace {
     spans: Vec<HeldSpan>,
-    /// The rows the spans were committed as, in the same order.
-    rows: Vec<SpanRow>,
     bytes: u64,
     added: Instant,
     /// Some of its spans found no room: none of them are held.
@@ -220,31 +189,24 @@ impl HeldTraces {
             .collect()
     }
 
-    /// Holds committed spans, each with the row it was committed as (`rows`, in the same
-    /// order). A trace that no longer fits is let go whole, and its later spans are not
-    /// held either (its spans are then read from the store).
-    pub fn add(&self, spans: Vec<(TraceId, HeldSpan)>, rows: Vec<SpanRow>) {
-        if spans.len() != rows.len() {
-            // Not the spans of these rows: the analyzer reads them from the store.
-            debug_assert!(false, "held spans and rows differ in number");
-            return;
-        }
+    /// Holds committed spans. A trace that no longer fits is let go whole, and its later
+    /// spans are not held either (its spans are then read from the store).
+    pub fn add(&self, spans: Vec<(TraceId, HeldSpan)>) {
         let now = Instant::now();
         let mut guard = lock(&self.held);
         let held = &mut *guard;
         let mut total = held.reservation.bytes();
-        for ((trace_id, span), row) in spans.into_iter().zip(rows) {
+        for (trace_id, span) in spans {
+            let bytes = span.bytes();
             let entry = held.traces.entry(trace_id).or_insert_with(|| {
                 total += TRACE_OVERHEAD;
                 HeldTrace {
                     spans: Vec::new(),
-                    rows: Vec::new(),
                     bytes: TRACE_OVERHEAD,
                     added: now,
                     let_go: false,
                 }
             });
-            let bytes = span.bytes() + row_bytes(&row, entry.rows.last());
             entry.added = now;
             if entry.let_go {
                 continue;
@@ -253,7 +215,6 @@ impl HeldTraces {
                 total -= entry.bytes - TRACE_OVERHEAD;
                 *entry = HeldTrace {
                     spans: Vec::new(),
-                    rows: Vec::new(),
                     bytes: TRACE_OVERHEAD,
                     added: now,
                     let_go: true,
@@ -261,7 +222,6 @@ impl HeldTraces {
                 continue;
             }
             entry.spans.push(span);
-            entry.rows.push(row);
             entry.bytes += bytes;
             total += bytes;
         }
@@ -271,7 +231,7 @@ impl HeldTraces {
     /// Takes the held spans of `traces` out (all of them, whatever is returned), and returns
     /// those of each trace held without a repeated span id, by trace. The caller checks the
     /// count against the store before using them.
-    pub fn take(&self, traces: &[TraceId]) -> HashMap<TraceId, Taken> {
+    pub fn take(&self, traces: &[TraceId]) -> HashMap<TraceId, Vec<HeldSpan>> {
         let mut guard = lock(&self.held);
         let held = &mut *guard;
         let mut total = held.reservation.bytes();
@@ -289,9 +249,7 @@ impl HeldTraces {
             let before = ids.len();
             ids.dedup();
             if ids.len() == before {
-                let bytes = gone.bytes - TRACE_OVERHEAD;
-                let (spans, rows) = (gone.spans, gone.rows);
-                taken.insert(*trace, Taken { spans, rows, bytes });
+                taken.insert(*trace, gone.spans);
             }
         }
         if held.swept.elapsed() > STALE / 10 {
@@ -369,14 +327,8 @@ mod tests {
     use crate::core::analyze::{AnalyzeOptions, analyze, hops::samples, summary::summarize};
     use crate::core::budget::DEFAULT_BUDGET_KEYS;
     use crate::otlp::normalize::{NormalizeOptions, normalize};
-    use crate::store::EncodedBatch;
 
     const MIB: u64 = 1 << 20;
-
-    /// Holds `spans` as a commit of them does.
-    fn hold(recent: &HeldTraces, spans: &[Span]) {
-        recent.add(recent.project(spans), EncodedBatch::encode(spans).rows);
-    }
 
     /// What the analyzer writes for a trace: its summary and hop samples.
     fn written(spans: &[Span]) -> String {
@@ -504,21 +456,19 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         let traces = corpus();
         assert!(traces.len() > 100);
         for spans in &traces {
-            hold(&recent, spans);
+            recent.add(recent.project(spans));
         }
         let ids: Vec<TraceId> = traces.iter().map(|spans| spans[0].trace_id).collect();
         let mut taken = recent.take(&ids);
         for spans in &traces {
             let id = spans[0].trace_id;
-            let whole = taken.remove(&id).expect("every trace was held");
-            let held: Vec<Span> = whole.spans.iter().map(|span| span.to_span(id)).collect();
+            let held: Vec<Span> = taken
+                .remove(&id)
+                .expect("every trace was held")
+                .iter()
+                .map(|span| span.to_span(id))
+                .collect();
             assert_eq!(held.len(), spans.len());
-            let row_ids: Vec<[u8; 8]> = whole.rows.iter().map(|row| row.span_id).collect();
-            let span_ids: Vec<[u8; 8]> = spans.iter().map(|span| span.span_id.0).collect();
-            assert_eq!(
-                row_ids, span_ids,
-                "each span comes with the row it was committed as"
-            );
             assert_eq!(written(&held), written(spans));
         }
         assert_eq!(recent.held(), (0, 0), "taking gives the memory back");
@@ -529,14 +479,14 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         let memory = MemoryBudget::with_pool(4 * MIB);
         let recent = HeldTraces::new(&memory);
         let small = parse(FIXTURES[3]);
-        hold(&recent, &small);
+        recent.add(recent.project(&small));
         let (traces, bytes) = recent.held();
         assert_eq!(traces, 1);
         assert_eq!(memory.used(), bytes, "held bytes are in the budget");
         // More spans of one trace than a third of the pool holds.
         let big = crate::otlp::generate::large_trace(20_000);
-        hold(&recent, &big[..10_000]);
-        hold(&recent, &big[10_000..]);
+        recent.add(recent.project(&big[..10_000]));
+        recent.add(recent.project(&big[10_000..]));
         assert_eq!(
             recent.held(),
             (2, bytes + TRACE_OVERHEAD),
@@ -551,7 +501,7 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
         for span in &mut other {
             span.trace_id = TraceId([0xab; 16]);
         }
-        hold(&recent, &other);
+        recent.add(recent.project(&other));
         assert_eq!(recent.held(), (2, bytes + TRACE_OVERHEAD), "let go");
         drop(ingest);
         assert_eq!(recent.take(&[small[0].trace_id]).len(), 1);
@@ -563,8 +513,8 @@ a server "x" 0 100 budget=50 attr:http.response.status_code=504
     fn a_repeated_span_id_sends_the_trace_to_the_store() {
         let recent = HeldTraces::new(&MemoryBudget::with_pool(64 * MIB));
         let spans = parse(FIXTURES[0]);
-        hold(&recent, &spans);
-        hold(&recent, &spans[..1]);
+        recent.add(recent.project(&spans));
+        recent.add(recent.project(&spans[..1]));
         assert!(recent.take(&[spans[0].trace_id]).is_empty());
         assert_eq!(recent.held(), (0, 0), "taken out all the same");
     }

@@ -22,7 +22,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::pipeline::health::Health;
-use crate::store::{EncodedBatch, Fault, SpanRow, Store, StoreError};
+use crate::store::{EncodedBatch, Fault, Store, StoreError};
 
 /// Ingest is backlogged while more than 1/4 of `max_queued_spans` wait for their commit.
 const BACKLOG_DIVISOR: usize = 4;
@@ -70,8 +70,7 @@ pub struct Admission(OwnedSemaphorePermit);
 
 struct Job {
     batch: EncodedBatch,
-    /// Answered with the batch's rows once they are committed.
-    done: oneshot::Sender<Result<Vec<SpanRow>, IngestError>>,
+    done: oneshot::Sender<Result<(), IngestError>>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -211,15 +210,14 @@ impl Ingestor {
         Ok(Admission(permit))
     }
 
-    /// Queues an admitted batch and waits until it is committed; returns its rows, as
-    /// committed.
+    /// Queues an admitted batch and waits until it is committed.
     pub async fn commit(
         &self,
         admission: Admission,
         batch: EncodedBatch,
-    ) -> Result<Vec<SpanRow>, IngestError> {
+    ) -> Result<(), IngestError> {
         if batch.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let (done, answer) = oneshot::channel();
         self.jobs
@@ -349,27 +347,20 @@ async fn write_jobs(store: &dyn Store, health: &Health, mut jobs: Vec<Job>) {
                 {
                     log_failure(error, own.len());
                 }
-                let _ = job
-                    .done
-                    .send(result.map(|()| own.rows).map_err(|e| refusal(&e, health)));
+                let _ = job.done.send(result.map_err(|e| refusal(&e, health)));
             }
             return;
         }
     }
-    match result {
-        // Each job's rows go back to it: they are what its spans were committed as.
-        Ok(()) => {
-            let mut rows = merged.rows.into_iter();
-            for (job, len) in jobs.into_iter().zip(lens) {
-                let _ = job.done.send(Ok(rows.by_ref().take(len).collect()));
-            }
-        }
-        Err(error) => {
-            for job in jobs {
-                let _ = job.done.send(Err(refusal(&error, health)));
-            }
-        }
+    for job in jobs {
+        let _ = job
+            .done
+            .send(result.as_ref().map(|_| ()).map_err(|e| refusal(e, health)));
     }
+    // Freeing the rows (allocated by request threads, one string per column) took a share
+    // of the writer's time under load (`budgetscope-bench ingest`); the next transaction
+    // need not wait for it.
+    drop(tokio::task::spawn_blocking(move || drop(merged)));
 }
 
 /// What an export hears of a failed write: the fault when it is one (counted as refused

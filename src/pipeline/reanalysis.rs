@@ -13,6 +13,7 @@
 //! analyzer's task, after the traces that are quiet now and only while ingest is not
 //! saturated, so new traces and acknowledgements come first.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -161,7 +162,7 @@ pub async fn reanalysis_pass(
         .last()
         .copied();
     let mut summaries = outline_summaries(store, &within.too_large, &options.analyze).await?;
-    summaries.extend(analyse_traces(Vec::new(), within.spans, &options.analyze).await?);
+    summaries.extend(analyse_traces(HashMap::new(), within.spans, &options.analyze).await?);
     let writing = Instant::now();
     let deltas = store.rewrite_summaries(&summaries, version).await?;
     let writing = writing.elapsed();

@@ -236,9 +236,9 @@ impl Receiver {
         let spans = batch.len() as u64;
         let started = std::time::Instant::now();
         match self.ingestor.commit(admission, batch).await {
-            Ok(rows) => {
+            Ok(()) => {
                 self.metrics.spans_stored.inc_by(spans);
-                self.held.add(held, rows);
+                self.held.add(held);
                 self.metrics
                     .commit_seconds
                     .observe(started.elapsed().as_secs_f64());

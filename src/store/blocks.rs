@@ -4,7 +4,7 @@
 //! it had) and deletes exactly the rows it moved, so a span arriving meanwhile stays a row.
 //! Every read of a trace's spans takes its block and its rows together (`spans.rs`).
 //!
-//! Architecture invariant: a block holds the rows' own text (`BlockRow`), column by
+//! Architecture invariant: a block holds the rows' own text (`StoredRow`), column by
 //! column, compressed with zstd; what a block and a row say of one span id never differs
 //! in kind, and the block's copy wins (the first copy stored, as for rows).
 
@@ -15,7 +15,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 use super::StoreError;
 use super::backend::Backend;
 use super::dictionary::Dictionaries;
-use super::rows::{SpanRow, StoredRow};
+use super::rows::StoredRow;
 use super::summaries::push_list;
 use crate::core::attr_json;
 use crate::core::model::{SpanId, TraceId};
@@ -199,123 +199,25 @@ pub(crate) fn merge(block: Vec<StoredRow>, rows: Vec<StoredRow>) -> Vec<StoredRo
     merged
 }
 
-/// What a block reads of a span's row: a row read back from the store (`StoredRow`) or one
-/// a request encoded and the analyzer held since its commit (`SpanRow`), alike.
-pub(crate) trait BlockRow {
-    fn span_id(&self) -> &[u8];
-    fn parent_span_id(&self) -> Option<&[u8]>;
-    fn kind(&self) -> i16;
-    fn status_code(&self) -> i16;
-    fn start_unix_nano(&self) -> i64;
-    fn end_unix_nano(&self) -> i64;
-    fn budget_ms(&self) -> Option<f64>;
-    fn budget_source(&self) -> Option<&str>;
-    /// The text columns in `TEXT_COLUMNS` order: service, name, status message,
-    /// attributes, resource, details.
-    fn text(&self, column: usize) -> &str;
-
-    /// The row's size as stored: its ids and text (a block's `text_bytes` is its rows').
-    fn text_bytes(&self) -> u64 {
-        (TraceId::LEN
-            + self.span_id().len()
-            + 8
-            + self.budget_source().map_or(0, str::len)
-            + (0..TEXT_COLUMNS).map(|c| self.text(c).len()).sum::<usize>()) as u64
-    }
-}
-
-impl BlockRow for StoredRow {
-    fn span_id(&self) -> &[u8] {
-        &self.span_id
-    }
-    fn parent_span_id(&self) -> Option<&[u8]> {
-        self.parent_span_id.as_deref()
-    }
-    fn kind(&self) -> i16 {
-        self.kind
-    }
-    fn status_code(&self) -> i16 {
-        self.status_code
-    }
-    fn start_unix_nano(&self) -> i64 {
-        self.start_unix_nano
-    }
-    fn end_unix_nano(&self) -> i64 {
-        self.end_unix_nano
-    }
-    fn budget_ms(&self) -> Option<f64> {
-        self.budget_ms
-    }
-    fn budget_source(&self) -> Option<&str> {
-        self.budget_source.as_deref()
-    }
-    fn text(&self, column: usize) -> &str {
-        match column {
-            0 => &self.service,
-            1 => &self.name,
-            2 => &self.status_message,
-            3 => &self.attributes,
-            4 => &self.resource,
-            _ => &self.details,
-        }
-    }
-}
-
-impl BlockRow for SpanRow {
-    fn span_id(&self) -> &[u8] {
-        &self.span_id
-    }
-    fn parent_span_id(&self) -> Option<&[u8]> {
-        self.parent_span_id.as_ref().map(|p| p.as_slice())
-    }
-    fn kind(&self) -> i16 {
-        self.kind
-    }
-    fn status_code(&self) -> i16 {
-        self.status_code
-    }
-    fn start_unix_nano(&self) -> i64 {
-        self.start_unix_nano
-    }
-    fn end_unix_nano(&self) -> i64 {
-        self.end_unix_nano
-    }
-    fn budget_ms(&self) -> Option<f64> {
-        self.budget_ms
-    }
-    fn budget_source(&self) -> Option<&str> {
-        self.budget_source.as_deref()
-    }
-    fn text(&self, column: usize) -> &str {
-        match column {
-            0 => &self.service,
-            1 => &self.name,
-            2 => &self.status_message,
-            3 => &self.attributes,
-            4 => &self.resource,
-            _ => &self.details,
-        }
-    }
-}
-
 /// The frame of `rows` (one trace's), compressed: column by column, so that like values
 /// sit together (ids, then kinds, then starts as deltas, …, then each text column).
-pub(crate) fn encode<R: BlockRow>(
-    rows: &[R],
+pub(crate) fn encode(
+    rows: &[StoredRow],
     dictionaries: &Dictionaries,
 ) -> Result<Vec<u8>, StoreError> {
-    let mut frame = Vec::with_capacity(rows.iter().map(R::text_bytes).sum::<u64>() as usize);
+    let mut frame =
+        Vec::with_capacity(rows.iter().map(StoredRow::text_bytes).sum::<u64>() as usize);
     frame.push(FORMAT);
     put_varint(&mut frame, rows.len() as u64);
     for row in rows {
-        frame.extend_from_slice(row.span_id());
+        frame.extend_from_slice(&row.span_id);
     }
     let mut places: HashMap<&[u8], usize> = HashMap::with_capacity(rows.len());
     for (i, row) in rows.iter().enumerate() {
-        places.entry(row.span_id()).or_insert(i);
+        places.entry(row.span_id.as_slice()).or_insert(i);
     }
     for row in rows {
-        match row.parent_span_id() {
+        match row.parent_span_id.as_deref() {
             Some(parent) => match places.get(parent) {
                 Some(&i) => put_varint(&mut frame, PARENT_AT + i as u64),
                 None => {
@@ -327,24 +229,24 @@ pub(crate) fn encode<R: BlockRow>(
         }
     }
     for row in rows {
-        put_signed(&mut frame, row.kind().into());
-        put_signed(&mut frame, row.status_code().into());
+        put_signed(&mut frame, row.kind.into());
+        put_signed(&mut frame, row.status_code.into());
     }
     let mut previous = 0i64;
     for row in rows {
-        put_signed(&mut frame, row.start_unix_nano().wrapping_sub(previous));
-        previous = row.start_unix_nano();
+        put_signed(&mut frame, row.start_unix_nano.wrapping_sub(previous));
+        previous = row.start_unix_nano;
     }
     for row in rows {
         put_signed(
             &mut frame,
-            row.end_unix_nano().wrapping_sub(row.start_unix_nano()),
+            row.end_unix_nano.wrapping_sub(row.start_unix_nano),
         );
     }
     for row in rows {
-        match (row.budget_ms(), row.budget_source()) {
+        match (row.budget_ms, row.budget_source.as_deref()) {
             (Some(ms), Some(source))
-                if attribute_number(row.text(3), source).map(f64::to_bits)
+                if attribute_number(&row.attributes, source).map(f64::to_bits)
                     == Some(ms.to_bits()) =>
             {
                 frame.push(BUDGET_FROM_ATTRIBUTE)
@@ -357,11 +259,21 @@ pub(crate) fn encode<R: BlockRow>(
         }
     }
     for row in rows {
-        put_optional_text(&mut frame, row.budget_source());
+        put_optional_text(&mut frame, row.budget_source.as_deref());
+    }
+    fn text_column(r: &StoredRow, column: usize) -> &str {
+        match column {
+            0 => &r.service,
+            1 => &r.name,
+            2 => &r.status_message,
+            3 => &r.attributes,
+            4 => &r.resource,
+            _ => &r.details,
+        }
     }
     for column in 0..TEXT_COLUMNS {
         for row in rows {
-            put_text(&mut frame, row.text(column));
+            put_text(&mut frame, text_column(row, column));
         }
     }
     dictionaries.compress(&frame)

@@ -1,8 +1,6 @@
 //! Compaction: once the analyzer has summarised a trace, its span rows move into the
 //! trace's block (`blocks.rs`), merged with any block it had; exactly the rows moved are
-//! deleted, so a span arriving meanwhile stays a row. A trace analysed from the rows its
-//! spans were committed as gets its first block in the write of its summary
-//! (`Rewrite::first`, `summaries::write_summaries`); the rest wait in `compaction_due`.
+//! deleted, so a span arriving meanwhile stays a row.
 
 use std::collections::{HashMap, HashSet};
 
@@ -11,10 +9,10 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilde
 
 use super::StoreError;
 use super::backend::{Backend, Writer as _};
-use super::blocks::{BlockRow, IDS_PER_STATEMENT, StoredBlock, encode, merge, read_blocks};
+use super::blocks::{IDS_PER_STATEMENT, StoredBlock, encode, merge, read_blocks};
 use super::dictionary::Dictionaries;
 use super::query::HEALTHY;
-use super::rows::{SPAN_COLUMNS, SpanRow, StoredRow};
+use super::rows::{SPAN_COLUMNS, StoredRow};
 use super::summaries::{delete_keyed, push_list};
 use crate::core::model::{SpanId, TraceId};
 
@@ -96,7 +94,7 @@ where
             let (_, rows, bytes) =
                 current.get_or_insert_with(|| (row.trace_id.clone(), Vec::new(), 0));
             if *bytes <= max_trace_bytes {
-                *bytes += BlockRow::text_bytes(&row);
+                *bytes += row.text_bytes();
                 rows.push(row);
             }
         }
@@ -213,47 +211,9 @@ where
     }
     let mut writer = backend.writer().await?;
     let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-    let rewrites: Vec<&Rewrite> = rewrites.iter().collect();
-    let (written, _) = move_into_blocks::<B>(&mut tx, &rewrites).await?;
-    tx.commit().await?;
-    writer.done();
-    done.add(&written);
-    Ok(())
-}
-
-impl Compacted {
-    /// Adds what another compaction did.
-    pub fn add(&mut self, other: &Compacted) {
-        self.traces += other.traces;
-        self.spans += other.spans;
-        self.row_bytes += other.row_bytes;
-        self.block_bytes += other.block_bytes;
-    }
-}
-
-/// Writes `rewrites` inside the caller's transaction: each trace's first block where it
-/// still has none, each later block where it is still as read (its generation), and deletes
-/// exactly the rows each written block took in. Returns what it wrote and the traces whose
-/// block it wrote.
-pub(crate) async fn move_into_blocks<B>(
-    conn: &mut <B::Db as Database>::Connection,
-    rewrites: &[&Rewrite],
-) -> Result<(Compacted, HashSet<Vec<u8>>), StoreError>
-where
-    B: Backend,
-    for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
-    <B::Db as Database>::Arguments: IntoArguments<B::Db>,
-    Vec<u8>: for<'t> Encode<'t, B::Db> + Type<B::Db>,
-    i64: for<'t> Encode<'t, B::Db> + Type<B::Db>,
-    for<'r> (Vec<u8>,): FromRow<'r, <B::Db as Database>::Row>,
-{
-    let mut done = Compacted::default();
-    if rewrites.is_empty() {
-        return Ok((done, HashSet::new()));
-    }
     if !B::COMPACTION_LOCK.is_empty() {
         sqlx::query::<B::Db>(sqlx::AssertSqlSafe(B::COMPACTION_LOCK))
-            .execute(&mut *conn)
+            .execute(&mut *tx)
             .await?;
     }
     // A trace's first block is inserted with others in one statement, and the rows of all
@@ -263,11 +223,11 @@ where
         rewrites.iter().partition(|r| r.generation.is_none());
     let mut written: Vec<&Rewrite> = Vec::new();
     for chunk in first.chunks(BLOCKS_PER_STATEMENT) {
-        let inserted = insert_first_blocks::<B>(&mut *conn, chunk).await?;
+        let inserted = insert_first_blocks::<B>(&mut tx, chunk).await?;
         written.extend(chunk.iter().filter(|r| inserted.contains(&r.trace_id)));
     }
     for rewrite in later {
-        if rewrite.update::<B>(&mut *conn).await? {
+        if rewrite.update::<B>(&mut tx).await? {
             written.push(rewrite);
         }
     }
@@ -286,21 +246,21 @@ where
             b.push_bind((*trace).clone()).push_bind((*span).clone());
         });
         delete.push(")");
-        delete.build().execute(&mut *conn).await?;
+        delete.build().execute(&mut *tx).await?;
     }
-    let mut traces = HashSet::with_capacity(written.len());
     for rewrite in written {
         done.traces += 1;
         done.spans += rewrite.moved.len() as u64;
         done.row_bytes += rewrite.moved_bytes;
         done.block_bytes += rewrite.block.len() as u64;
-        traces.insert(rewrite.trace_id.clone());
     }
-    Ok((done, traces))
+    tx.commit().await?;
+    writer.done();
+    Ok(())
 }
 
 /// One trace's new block, and the rows it takes in.
-pub(crate) struct Rewrite {
+struct Rewrite {
     trace_id: Vec<u8>,
     /// The generation read, None when the trace had no block.
     generation: Option<i64>,
@@ -314,32 +274,6 @@ pub(crate) struct Rewrite {
 }
 
 impl Rewrite {
-    /// The first block of a trace analysed whole from the rows its spans were committed as
-    /// (`pipeline::held`): what compaction would build from them read back.
-    pub(crate) fn first(
-        trace_id: TraceId,
-        mut rows: Vec<SpanRow>,
-        dictionaries: &Dictionaries,
-    ) -> Result<Rewrite, StoreError> {
-        rows.sort_by(|a, b| (a.start_unix_nano, a.span_id).cmp(&(b.start_unix_nano, b.span_id)));
-        let text_bytes = rows.iter().map(BlockRow::text_bytes).sum::<u64>();
-        Ok(Rewrite {
-            trace_id: trace_id.0.to_vec(),
-            generation: None,
-            start_unix_nano: rows.first().map_or(0, |r| r.start_unix_nano),
-            span_count: rows.len() as i64,
-            text_bytes: i64::try_from(text_bytes).unwrap_or(i64::MAX),
-            block: encode(&rows, dictionaries)?,
-            moved: rows.iter().map(|r| r.span_id.to_vec()).collect(),
-            moved_bytes: text_bytes,
-        })
-    }
-
-    /// The trace it is the block of.
-    pub(crate) fn trace_id(&self) -> &[u8] {
-        &self.trace_id
-    }
-
     fn build(
         trace_id: Vec<u8>,
         previous: Option<StoredBlock>,
@@ -347,14 +281,14 @@ impl Rewrite {
         dictionaries: &Dictionaries,
     ) -> Result<Rewrite, StoreError> {
         let moved: Vec<Vec<u8>> = rows.iter().map(|r| r.span_id.clone()).collect();
-        let moved_bytes = rows.iter().map(BlockRow::text_bytes).sum();
+        let moved_bytes = rows.iter().map(StoredRow::text_bytes).sum();
         let (generation, held) = match previous {
             Some(block) => (Some(block.generation), block.rows(dictionaries)?),
             None => (None, Vec::new()),
         };
         let mut all = merge(held, rows);
         all.sort_by(|a, b| (a.start_unix_nano, &a.span_id).cmp(&(b.start_unix_nano, &b.span_id)));
-        let text_bytes = all.iter().map(BlockRow::text_bytes).sum::<u64>();
+        let text_bytes = all.iter().map(StoredRow::text_bytes).sum::<u64>();
         Ok(Rewrite {
             trace_id,
             generation,

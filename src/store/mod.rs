@@ -220,21 +220,7 @@ pub trait AnalysisQueue: Send + Sync {
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        Ok(self.write_analysed(traces, analysed, Vec::new()).await?.0)
-    }
-
-    /// `write_summaries`, where `whole` holds, for some of the traces analysed, the rows
-    /// all of their spans were committed as (`pipeline::held`): each written trace among
-    /// them moves into its first block in the same transaction, exactly those rows deleted,
-    /// instead of waiting for `Store::compact_due` (one with a block already still waits).
-    /// Returns the per-minute rollup changes and what moved into blocks.
-    async fn write_analysed(
-        &self,
-        traces: &[(TraceSummary, Vec<HopSample>)],
-        analysed: &[(TraceId, i64)],
-        whole: Vec<(TraceId, Vec<SpanRow>)>,
-    ) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError>;
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError>;
 
     /// The positions (start, trace id) of summaries analysed otherwise than
     /// `query.version`, newest first.

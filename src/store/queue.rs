@@ -5,11 +5,9 @@ use async_trait::async_trait;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use super::backend::{Backend, SqlStore, Writer as _};
-use super::compaction::{Compacted, Rewrite};
 use super::edges::StoredEdge;
 use super::query::{Backlog, Cursor, DueQuery, StaleQuery, StoredSummary};
 use super::rollup::StoredRollup;
-use super::rows::SpanRow;
 use super::rows::decode_positions;
 use super::summaries::{Replace, ReplacedSummary, stale_count, stale_query, write_summaries};
 use super::{AnalysisQueue, StoreError};
@@ -51,22 +49,14 @@ where
         self.backend.due_traces(query).await
     }
 
-    async fn write_analysed(
+    async fn write_summaries(
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         analysed: &[(TraceId, i64)],
-        whole: Vec<(TraceId, Vec<SpanRow>)>,
-    ) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError> {
-        // Compressed before the writer is taken: ingest commits through it.
-        let blocks = whole
-            .into_iter()
-            .map(|(id, rows)| Rewrite::first(id, rows, &self.block_dictionaries))
-            .collect::<Result<Vec<_>, _>>()?;
-        let written = self
-            .write(traces, Replace::Marked(analysed), &blocks)
-            .await?;
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
+        let minutes = self.write(traces, Replace::Marked(analysed)).await?;
         self.backend.summaries_written(traces.len() as u64).await;
-        Ok(written)
+        Ok(minutes)
     }
 
     async fn stale_summaries(&self, query: &StaleQuery) -> Result<Vec<Cursor>, StoreError> {
@@ -90,7 +80,7 @@ where
         traces: &[(TraceSummary, Vec<HopSample>)],
         version: AnalysisVersion,
     ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
-        Ok(self.write(traces, Replace::Stale(version), &[]).await?.0)
+        self.write(traces, Replace::Stale(version)).await
     }
 }
 
@@ -122,15 +112,13 @@ where
         &self,
         traces: &[(TraceSummary, Vec<HopSample>)],
         replace: Replace<'_>,
-        blocks: &[Rewrite],
-    ) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError> {
+    ) -> Result<Vec<(RollupKey, Rollup)>, StoreError> {
         let mut writer = self.backend.writer().await?;
         let mut tx = sqlx::Connection::begin(&mut *writer).await?;
-        let written = write_summaries::<B>(
+        let minutes = write_summaries::<B>(
             &mut tx,
             traces,
             replace,
-            blocks,
             &self.hop_dictionaries,
             &self.summary_dictionaries,
         )
@@ -142,12 +130,11 @@ where
         for (dictionaries, what) in [
             (&self.hop_dictionaries, "hop samples"),
             (&self.summary_dictionaries, "summaries"),
-            (&self.block_dictionaries, "span blocks"),
         ] {
             if let Err(error) = dictionaries.train_when_ready(&self.backend).await {
                 tracing::warn!(%error, "could not train or store a compression dictionary for {what}; they stay plainly compressed until a later try succeeds");
             }
         }
-        Ok(written)
+        Ok(minutes)
     }
 }

@@ -13,7 +13,6 @@ use crate::core::attr_json;
 use crate::core::model::{Budget, Span, SpanId, SpanKind, Status, StatusCode, TraceId};
 
 /// A span encoded into column values, shared by both backends' inserts.
-#[derive(Debug)]
 pub struct SpanRow {
     pub(crate) trace_id: [u8; TraceId::LEN],
     pub(crate) span_id: [u8; SpanId::LEN],
@@ -211,6 +210,20 @@ pub(crate) const SPAN_COLUMNS: &str = "trace_id, span_id, parent_span_id, servic
      attributes, resource, details";
 
 impl StoredRow {
+    /// The row's size as read: its ids and text.
+    pub(crate) fn text_bytes(&self) -> u64 {
+        (self.trace_id.len()
+            + self.span_id.len()
+            + 8
+            + self.service.len()
+            + self.name.len()
+            + self.status_message.len()
+            + self.budget_source.as_ref().map_or(0, String::len)
+            + self.attributes.len()
+            + self.resource.len()
+            + self.details.len()) as u64
+    }
+
     pub fn decode(self) -> Result<Span, StoreError> {
         let corrupt =
             |what: &str, e: &dyn std::fmt::Display| StoreError::Corrupt(format!("{what}: {e}"));

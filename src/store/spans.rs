@@ -8,7 +8,7 @@ use futures_util::TryStreamExt as _;
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
 use super::backend::{Backend, SqlStore};
-use super::blocks::{BlockRow as _, StoredBlock, merge, read_blocks};
+use super::blocks::{StoredBlock, merge, read_blocks};
 use super::dictionary::Dictionaries;
 use super::query::{
     AttrFilter, Cursor, OUTLINE_NAMES, SpanListCounts, SpanListQuery, SpanPosition, StoredSummary,

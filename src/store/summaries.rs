@@ -8,7 +8,6 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, QueryBuilder, Typ
 
 use super::StoreError;
 use super::backend::Backend;
-use super::compaction::{Compacted, Rewrite, move_into_blocks};
 use super::dictionary::Dictionaries;
 use super::edges::{self, StoredEdge, apply_edges};
 use super::query::StaleQuery;
@@ -40,18 +39,14 @@ pub(crate) enum Replace<'a> {
 
 /// Writes `traces` (each summary with its hop samples) on `conn`, inside the caller's
 /// transaction, as `replace` allows. Each trace's hops replace what the trace contributed
-/// before (a late span, or a re-analysis). Of the traces written with marks, those with a
-/// first block in `blocks` (built from the rows their spans were committed as) move into it
-/// (`compaction::move_into_blocks`); the others analysed whole wait for compaction.
-/// Returns the per-minute rollup deltas and what moved into blocks.
+/// before (a late span, or a re-analysis). Returns the per-minute rollup deltas.
 pub(crate) async fn write_summaries<B: Backend>(
     conn: &mut <B::Db as Database>::Connection,
     traces: &[(TraceSummary, Vec<HopSample>)],
     replace: Replace<'_>,
-    blocks: &[Rewrite],
     hop_dictionaries: &Dictionaries,
     summary_dictionaries: &Dictionaries,
-) -> Result<(Vec<(RollupKey, Rollup)>, Compacted), StoreError>
+) -> Result<Vec<(RollupKey, Rollup)>, StoreError>
 where
     for<'c> &'c mut <B::Db as Database>::Connection: Executor<'c, Database = B::Db>,
     <B::Db as Database>::Arguments: IntoArguments<B::Db>,
@@ -179,21 +174,12 @@ where
         add_samples(&mut deltas, hops, 1);
         add_edges(&mut edges, hops, 1);
     }
-    let mut compacted = Compacted::default();
     if queue_compaction {
-        // After the summaries: a partitioned block takes its class from its summary.
-        let ours: Vec<&Rewrite> = blocks
-            .iter()
-            .filter(|b| TraceId::from_bytes(b.trace_id()).is_ok_and(|id| written.contains(&id)))
-            .collect();
-        let (moved, in_blocks) = move_into_blocks::<B>(conn, &ours).await?;
-        compacted = moved;
         let now = i64::try_from(crate::clock::now_unix_nano()).unwrap_or(i64::MAX);
         let due: Vec<Vec<u8>> = traces
             .iter()
             .filter(|(summary, _)| summary.outcome != Outcome::TooLarge)
             .map(|(summary, _)| summary.trace_id.0.to_vec())
-            .filter(|id| !in_blocks.contains(id))
             .collect();
         for chunk in due.chunks(CHUNK) {
             let mut insert = QueryBuilder::<B::Db>::new(
@@ -252,7 +238,7 @@ where
         B::ROLLUP_CHUNK,
     )
     .await?;
-    Ok((minutes, compacted))
+    Ok(minutes)
 }
 
 /// Deletes the rows of `table` keyed (`time`, trace_id) in `keys` (trace, time) that are
