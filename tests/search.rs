@@ -337,6 +337,68 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
     }
 }
 
+/// When ingest always had a commit waiting, partly behind the analyzer's writes, the
+/// analyzer pauses for one window and asks again: it rests if ingest then proves saturated
+/// (a burst), and goes on if not (a steady load the two share).
+#[tokio::test]
+async fn a_full_writer_makes_the_analyzer_pause_and_rest_only_if_ingest_is_saturated() {
+    use std::sync::Mutex;
+
+    use budgetscope::core::analyze::AnalyzeOptions;
+    use budgetscope::pipeline::analyzer::{AnalyzerOptions, WriterLoad, analyze_quiet_traces};
+    use budgetscope::pipeline::ingest::Load;
+    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+    use tokio_util::sync::CancellationToken;
+
+    /// Answers `Full` first and its load to every later question; counts the questions.
+    struct FullThen(Load, Mutex<u32>);
+    impl WriterLoad for FullThen {
+        fn load(&self) -> Load {
+            let mut asked = self.1.lock().unwrap();
+            *asked += 1;
+            if *asked == 1 { Load::Full } else { self.0 }
+        }
+    }
+
+    let db = TestDb::sqlite();
+    let store = budgetscope::store::open(&db.url).await.unwrap();
+    // 1,500 one-span traces from `first`: two passes.
+    let traces = |first: u32| -> Vec<_> {
+        (first..first + 1_500)
+            .flat_map(|id| {
+                let mut trace = trace(0, r#"edge server "GET /" 0 10 budget=100"#);
+                for span in &mut trace {
+                    span.trace_id = TraceId::from_bytes(&u128::from(id).to_be_bytes()).unwrap();
+                }
+                trace
+            })
+            .collect()
+    };
+    store.write_spans(&traces(1)).await.unwrap();
+    let options = AnalyzerOptions {
+        quiet_period: Duration::ZERO,
+        max_trace_wait: Duration::from_secs(300),
+        analyze: AnalyzeOptions::default(),
+        metrics: Default::default(),
+        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
+        held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
+    };
+    let stop = CancellationToken::new();
+    let shared = FullThen(Load::Light, Mutex::new(0));
+    let turn = analyze_quiet_traces(store.as_ref(), &options, &shared, &stop, Duration::MAX)
+        .await
+        .unwrap();
+    assert_eq!((turn.analysed, turn.rested), (1_500, false), "{turn:?}");
+    assert_eq!(*shared.1.lock().unwrap(), 2, "asked again after the pause");
+
+    store.write_spans(&traces(10_001)).await.unwrap();
+    let burst = FullThen(Load::Saturated, Mutex::new(0));
+    let turn = analyze_quiet_traces(store.as_ref(), &options, &burst, &stop, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(turn.rested && turn.analysed == 1_000, "{turn:?}");
+}
+
 /// With the memory budget held by ingest, the analyzer still works, in passes as small as
 /// its minimum share: traces larger than that are summarised a few at a time, all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,7 +27,9 @@
 //! rests nine times as long as its last pass took (at most 10 s), so it still makes
 //! progress and catches up when ingest eases. Below saturation it keeps pace: time ingest
 //! waited behind the analyzer's writes is not counted as ingest's, so a load that needs
-//! both near the writer's capacity is not taken for saturation.
+//! both near the writer's capacity is not taken for saturation. When ingest always had a
+//! commit waiting but partly behind the analyzer's writes (`Load::Full`), the analyzer
+//! pauses for one window to see which it is: a burst then takes the writer's time itself.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,7 +42,7 @@ use crate::core::analyze::summary::{TraceSummary, summarize};
 use crate::core::analyze::{AnalyzeOptions, Outcome, analyze};
 use crate::core::model::{Span, TraceId};
 use crate::pipeline::held::{HeldSpan, HeldTraces};
-use crate::pipeline::ingest::Ingestor;
+use crate::pipeline::ingest::{DUTY_WINDOW, Ingestor, Load};
 use crate::pipeline::lease::Lease;
 use crate::pipeline::memory::{MemoryBudget, PASS_BYTES_PER_ROW_BYTE, Reservation};
 use crate::pipeline::metrics::Metrics;
@@ -112,19 +114,19 @@ const REST_PER_PASS: u32 = 9;
 /// The longest rest between two passes, so summaries still advance under sustained load.
 const MAX_REST: Duration = Duration::from_secs(10);
 
-/// What the analyzer yields to: ingest's writer. A closure answering `saturated` does for
-/// tests.
+/// What the analyzer yields to: ingest's writer. A closure answering whether it is
+/// saturated does for tests.
 pub trait WriterLoad: Sync {
-    /// Whether ingest needs the writer now: the analyzer then rests between passes.
-    fn saturated(&self) -> bool;
+    /// How much ingest needs the writer now: saturated, the analyzer rests between passes.
+    fn load(&self) -> Load;
     /// The analyzer held the writer this long (so that ingest waiting behind it is not
     /// taken for ingest's own load).
     fn background_wrote(&self, _took: Duration) {}
 }
 
 impl WriterLoad for Ingestor {
-    fn saturated(&self) -> bool {
-        Ingestor::saturated(self)
+    fn load(&self) -> Load {
+        Ingestor::load(self)
     }
 
     fn background_wrote(&self, took: Duration) {
@@ -133,8 +135,11 @@ impl WriterLoad for Ingestor {
 }
 
 impl<F: Fn() -> bool + Sync> WriterLoad for F {
-    fn saturated(&self) -> bool {
-        self()
+    fn load(&self) -> Load {
+        match self() {
+            true => Load::Saturated,
+            false => Load::Light,
+        }
     }
 }
 
@@ -267,7 +272,18 @@ pub async fn analyze_quiet_traces(
             break;
         }
         // The rest comes before the turn ends, so the next turn's first pass keeps it too.
-        if writer.saturated() {
+        let mut load = writer.load();
+        if load == Load::Full {
+            // Ingest always had a commit waiting, partly behind this pass's writes: a pause
+            // of one window shows whether it then takes the writer's time itself (a burst:
+            // saturated) or not (a steady load the two share).
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(DUTY_WINDOW) => {}
+            }
+            load = writer.load();
+        }
+        if load == Load::Saturated {
             done.rested = true;
             let rest = (started.elapsed() * REST_PER_PASS).min(MAX_REST);
             tokio::select! {

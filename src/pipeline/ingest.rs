@@ -32,8 +32,13 @@ const BACKLOG_DIVISOR: usize = 4;
 /// (`Ingestor::saturated`).
 const SATURATED_DUTY: f64 = 0.6;
 
+/// The share of wall time the writers had one of ingest's transactions to commit (time it
+/// waited behind background writes included) past which ingest counts as full
+/// (`Load::Full`).
+const NEVER_IDLE: f64 = 0.9;
+
 /// The writers' duty is measured over windows at least this long.
-const DUTY_WINDOW: Duration = Duration::from_millis(500);
+pub const DUTY_WINDOW: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
@@ -91,29 +96,50 @@ struct Duty {
     writers: usize,
     busy_nanos: AtomicU64,
     background_nanos: AtomicU64,
-    /// (window start, busy and background nanos then, whether that window was saturated).
-    window: std::sync::Mutex<(Instant, u64, u64, bool)>,
+    /// (window start, busy and background nanos then, that window's verdict).
+    window: std::sync::Mutex<(Instant, u64, u64, Load)>,
+}
+
+/// What the writers' last window says of ingest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Load {
+    /// Ingest's own transactions left the writers idle part of the time.
+    #[default]
+    Light,
+    /// The writers always had a transaction of ingest's to commit, but part of the time it
+    /// waited behind background writes: ingest is saturated only if it takes that time too
+    /// once they stop.
+    Full,
+    /// Ingest's own transactions took at least `SATURATED_DUTY` of the window.
+    Saturated,
 }
 
 impl Duty {
-    /// Whether ingest's own transactions took at least `SATURATED_DUTY` of the last window;
-    /// a window ends at the first question asked `DUTY_WINDOW` after it began. Time ingest
-    /// waited behind a background write counts as both and is left out, so the analyzer's
-    /// own writes never make ingest look saturated.
-    fn saturated(&self) -> bool {
+    /// The last window's load; a window ends at the first question asked `DUTY_WINDOW`
+    /// after it began. Time ingest waited behind a background write counts as both and is
+    /// left out of ingest's own, so the analyzer's own writes never make ingest look
+    /// saturated, only full.
+    fn load(&self) -> Load {
         let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        let (began, busy_then, background_then, saturated) = *window;
+        let (began, busy_then, background_then, load) = *window;
         let elapsed = began.elapsed();
         if elapsed < DUTY_WINDOW {
-            return saturated;
+            return load;
         }
         let busy = self.busy_nanos.load(Ordering::Relaxed);
         let background = self.background_nanos.load(Ordering::Relaxed);
-        let theirs = background.saturating_sub(background_then) as f64;
-        let ours = busy.saturating_sub(busy_then) as f64 - theirs;
-        let saturated = ours / (elapsed.as_nanos() as f64 * self.writers as f64) >= SATURATED_DUTY;
-        *window = (Instant::now(), busy, background, saturated);
-        saturated
+        let capacity = elapsed.as_nanos() as f64 * self.writers as f64;
+        let all = busy.saturating_sub(busy_then) as f64 / capacity;
+        let theirs = background.saturating_sub(background_then) as f64 / capacity;
+        let load = if all - theirs >= SATURATED_DUTY {
+            Load::Saturated
+        } else if all >= NEVER_IDLE {
+            Load::Full
+        } else {
+            Load::Light
+        };
+        *window = (Instant::now(), busy, background, load);
+        load
     }
 }
 
@@ -176,7 +202,7 @@ impl Ingestor {
             writers: options.writers.max(1),
             busy_nanos: Default::default(),
             background_nanos: Default::default(),
-            window: std::sync::Mutex::new((Instant::now(), 0, 0, false)),
+            window: std::sync::Mutex::new((Instant::now(), 0, 0, Load::Light)),
         });
         let writers = (0..options.writers.max(1))
             .map(|_| {
@@ -254,7 +280,15 @@ impl Ingestor {
     /// behind every other write, so background writers (the analyzer) keep to a small
     /// share.
     pub fn saturated(&self) -> bool {
-        self.backlogged() || self.duty.saturated()
+        self.load() == Load::Saturated
+    }
+
+    /// `Load::Saturated` when `saturated`, else what the writers' last window says.
+    pub fn load(&self) -> Load {
+        match self.backlogged() {
+            true => Load::Saturated,
+            false => self.duty.load(),
+        }
     }
 
     /// A background writer (the analyzer) held the database's write lock this long.
@@ -393,7 +427,7 @@ mod tests {
             writers: 1,
             busy_nanos: AtomicU64::new(busy * 1_000_000),
             background_nanos: AtomicU64::new(background * 1_000_000),
-            window: std::sync::Mutex::new((began, 0, 0, false)),
+            window: std::sync::Mutex::new((began, 0, 0, Load::Light)),
         }
     }
 
@@ -401,13 +435,15 @@ mod tests {
     fn ingest_is_saturated_when_it_takes_what_background_writes_leave() {
         // Busy nine tenths of the second: saturated, and so until the next window ends.
         let busy = duty(900, 0);
-        assert!(busy.saturated());
-        assert!(busy.saturated());
+        assert_eq!(busy.load(), Load::Saturated);
+        assert_eq!(busy.load(), Load::Saturated);
         // Four tenths: not.
-        assert!(!duty(400, 0).saturated());
-        // Busy 900 ms, of which 600 waiting behind the analyzer's writes: not saturated;
+        assert_eq!(duty(400, 0).load(), Load::Light);
+        // Busy 800 ms, of which 600 waiting behind the analyzer's writes: not saturated;
         // 700 ms of its own beside 300 ms of the analyzer's: saturated.
-        assert!(!duty(900, 600).saturated());
-        assert!(duty(1_000, 300).saturated());
+        assert_eq!(duty(800, 600).load(), Load::Light);
+        assert_eq!(duty(1_000, 300).load(), Load::Saturated);
+        // Never without a transaction, most of the time behind the analyzer's writes: full.
+        assert_eq!(duty(950, 600).load(), Load::Full);
     }
 }
