@@ -3,12 +3,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use axum::http::StatusCode;
 use budgetscope::core::analyze::AnalyzeOptions;
-use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
-use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+use budgetscope::pipeline::analyzer::analysis_pass;
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{TestDb, checkout_a_minute_ago, oneshot};
@@ -45,16 +42,7 @@ async fn trace_search_and_hops_through_the_router() {
         // Search and hops answer after the background analyzer's pass.
         let (_, empty) = get(&state, "/api/traces").await;
         assert_eq!(empty["traces"], serde_json::json!([]), "not summarised yet");
-        let options = AnalyzerOptions {
-            quiet_period: Duration::ZERO,
-            max_trace_wait: Duration::from_secs(300),
-            analyze: AnalyzeOptions::default(),
-            metrics: Default::default(),
-            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
-                DEFAULT_LIMIT,
-            )),
-        };
+        let options = common::analyzer_options();
         assert_eq!(
             analysis_pass(store.as_ref(), &options)
                 .await

@@ -269,9 +269,7 @@ edge server "GET /" 0 300 budget=800
 /// quiet trace is still summarised, across more than one pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
-    use budgetscope::core::analyze::AnalyzeOptions;
-    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analyze_quiet_traces};
-    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+    use budgetscope::pipeline::analyzer::analyze_quiet_traces;
     use tokio_util::sync::CancellationToken;
 
     for db in TestDb::all().await {
@@ -289,16 +287,7 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
         };
         // 1,050 traces: more than one pass of the analyzer (1,000 traces per pass).
         store.write_spans(&traces(1..=1_050)).await.unwrap();
-        let options = AnalyzerOptions {
-            quiet_period: Duration::ZERO,
-            max_trace_wait: Duration::from_secs(300),
-            analyze: AnalyzeOptions::default(),
-            metrics: Default::default(),
-            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
-                DEFAULT_LIMIT,
-            )),
-        };
+        let options = common::analyzer_options();
         let always_saturated = || true;
         let stop = CancellationToken::new();
         let turn = Duration::MAX;
@@ -344,10 +333,8 @@ async fn the_analyzer_yields_to_a_saturated_ingest_but_finishes_its_work() {
 async fn a_full_writer_makes_the_analyzer_pause_and_rest_only_if_ingest_is_saturated() {
     use std::sync::Mutex;
 
-    use budgetscope::core::analyze::AnalyzeOptions;
-    use budgetscope::pipeline::analyzer::{AnalyzerOptions, WriterLoad, analyze_quiet_traces};
+    use budgetscope::pipeline::analyzer::{WriterLoad, analyze_quiet_traces};
     use budgetscope::pipeline::ingest::Load;
-    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
     use tokio_util::sync::CancellationToken;
 
     /// Answers `Full` first and its load to every later question; counts the questions.
@@ -375,14 +362,7 @@ async fn a_full_writer_makes_the_analyzer_pause_and_rest_only_if_ingest_is_satur
             .collect()
     };
     store.write_spans(&traces(1)).await.unwrap();
-    let options = AnalyzerOptions {
-        quiet_period: Duration::ZERO,
-        max_trace_wait: Duration::from_secs(300),
-        analyze: AnalyzeOptions::default(),
-        metrics: Default::default(),
-        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-        held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-    };
+    let options = common::analyzer_options();
     let stop = CancellationToken::new();
     let shared = FullThen(Load::Light, Mutex::new(0));
     let turn = analyze_quiet_traces(store.as_ref(), &options, &shared, &stop, Duration::MAX)

@@ -238,8 +238,7 @@ async fn near_max_disk_the_oldest_healthy_traces_go_first() {
 async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
     use budgetscope::core::analyze::fixture;
     use budgetscope::core::model::TraceId;
-    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
-    use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+    use budgetscope::pipeline::analyzer::analysis_pass;
 
     let db = TestDb::sqlite();
     let store = budgetscope::store::open(&db.url).await.unwrap();
@@ -255,14 +254,7 @@ async fn a_store_migrated_to_the_compaction_queue_queues_its_analysed_rows() {
         .write_spans(&[trace(1), trace(2)].concat())
         .await
         .unwrap();
-    let options = AnalyzerOptions {
-        quiet_period: std::time::Duration::ZERO,
-        max_trace_wait: std::time::Duration::from_secs(300),
-        analyze: Default::default(),
-        metrics: Default::default(),
-        memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-        held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-    };
+    let options = common::analyzer_options();
     while analysis_pass(store.as_ref(), &options).await.unwrap().more {}
     store.write_spans(&trace(3)).await.unwrap();
     drop(store);

@@ -3,13 +3,10 @@
 
 mod common;
 
-use std::time::Duration;
-
 use axum::http::{StatusCode, header};
 use budgetscope::core::analyze::AnalyzeOptions;
 use budgetscope::core::analyze::fixture::parse;
-use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
-use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
+use budgetscope::pipeline::analyzer::analysis_pass;
 use budgetscope::store;
 use budgetscope::web::AppState;
 use common::{
@@ -95,16 +92,7 @@ async fn every_page_shows_the_budget_story() {
 
         let spans = checkout_a_minute_ago();
         store.write_spans(&spans).await.unwrap();
-        let options = AnalyzerOptions {
-            quiet_period: Duration::ZERO,
-            max_trace_wait: Duration::from_secs(300),
-            analyze: AnalyzeOptions::default(),
-            metrics: Default::default(),
-            memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
-            held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(
-                DEFAULT_LIMIT,
-            )),
-        };
+        let options = common::analyzer_options();
         assert_eq!(
             analysis_pass(store.as_ref(), &options)
                 .await

@@ -499,19 +499,24 @@ pub fn fixture_json_a_minute_ago(name: &str) -> Vec<u8> {
     serde_json::to_vec(&body).unwrap()
 }
 
-/// Analyses every trace waiting in `store`, as the background analyzer does, with no quiet
-/// period and the default options.
-pub async fn analyse_waiting(store: &dyn budgetscope::store::Store) {
-    use budgetscope::pipeline::analyzer::{AnalyzerOptions, analysis_pass};
+/// The analyzer's options with no quiet period and the server's defaults otherwise.
+pub fn analyzer_options() -> budgetscope::pipeline::analyzer::AnalyzerOptions {
     use budgetscope::pipeline::memory::{DEFAULT_LIMIT, MemoryBudget};
-    let options = AnalyzerOptions {
+    budgetscope::pipeline::analyzer::AnalyzerOptions {
         quiet_period: Duration::ZERO,
         max_trace_wait: Duration::from_secs(300),
         analyze: Default::default(),
         metrics: Default::default(),
         memory: MemoryBudget::for_limit(DEFAULT_LIMIT),
         held: budgetscope::pipeline::held::HeldTraces::new(&MemoryBudget::for_limit(DEFAULT_LIMIT)),
-    };
+    }
+}
+
+/// Analyses every trace waiting in `store`, as the background analyzer does, with no quiet
+/// period and the default options.
+pub async fn analyse_waiting(store: &dyn budgetscope::store::Store) {
+    use budgetscope::pipeline::analyzer::analysis_pass;
+    let options = analyzer_options();
     while analysis_pass(store, &options).await.unwrap().more {}
     // And, as the analyzer does between passes, their rows move into blocks: the tests
     // then read analysed traces the way a running server keeps them.
