@@ -38,7 +38,7 @@ const SATURATED_DUTY: f64 = 0.6;
 const NEVER_IDLE: f64 = 0.9;
 
 /// The writers' duty is measured over windows at least this long.
-pub const DUTY_WINDOW: Duration = Duration::from_millis(500);
+pub(crate) const DUTY_WINDOW: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
@@ -101,10 +101,9 @@ struct Duty {
 }
 
 /// What the writers' last window says of ingest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Load {
     /// Ingest's own transactions left the writers idle part of the time.
-    #[default]
     Light,
     /// The writers always had a transaction of ingest's to commit, but part of the time it
     /// waited behind background writes: ingest is saturated only if it takes that time too
@@ -283,7 +282,8 @@ impl Ingestor {
         self.load() == Load::Saturated
     }
 
-    /// `Load::Saturated` when `saturated`, else what the writers' last window says.
+    /// `Load::Saturated` while ingest is backlogged, else what the writers' last window
+    /// says (`Duty::load`).
     pub fn load(&self) -> Load {
         match self.backlogged() {
             true => Load::Saturated,
@@ -439,8 +439,9 @@ mod tests {
         assert_eq!(busy.load(), Load::Saturated);
         // Four tenths: not.
         assert_eq!(duty(400, 0).load(), Load::Light);
-        // Busy 800 ms, of which 600 waiting behind the analyzer's writes: not saturated;
+        // Busy 900 ms, of which 600 waiting behind the analyzer's writes: not saturated;
         // 700 ms of its own beside 300 ms of the analyzer's: saturated.
+        assert_ne!(duty(900, 600).load(), Load::Saturated);
         assert_eq!(duty(800, 600).load(), Load::Light);
         assert_eq!(duty(1_000, 300).load(), Load::Saturated);
         // Never without a transaction, most of the time behind the analyzer's writes: full.
