@@ -546,17 +546,16 @@ async fn sqlite_a_write_that_fails_part_way_rolls_back_whole_and_the_next_commit
 }
 
 /// Regression: with writes that never pause, passive checkpoints never caught up, SQLite
-/// never restarted the WAL, and it grew to 67 GB during a 10M-span benchmark. Under 1.2 GB
+/// never restarted the WAL, and it grew to 67 GB during a 10M-span benchmark. Under 2 GB
 /// of WAL written back to back, faster than the checkpointer copies and flushes, the WAL
-/// must start over again and again. Its file stays within twice the writers' bound
-/// (256 MiB): past the bound it grows only by what is committed while a checkpoint holds
-/// SQLite's checkpoint lock, which at this write rate was 120–150 MiB.
+/// must start over again and again. Its file stays within the writers' bound (1 GiB): the
+/// checkpointer's rounds stop at half of it and the writer's next transaction starts over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_wal_stays_bounded_under_continuous_writes() {
     let (_db, store, wal) = sqlite_store_and_wal().await;
     let padding = "x".repeat(2_000);
     let (mut peak, mut restarts, mut last) = (0u64, 0, None);
-    for batch in 0..300u32 {
+    for batch in 0..500u32 {
         store
             .write_spans(&bulk_spans(batch, 1 << 100, &padding))
             .await
@@ -568,15 +567,19 @@ async fn sqlite_wal_stays_bounded_under_continuous_writes() {
         }
         last = sequence;
     }
-    assert!(
-        restarts >= 3,
-        "the WAL started over {restarts} times in 1.2 GB"
+    eprintln!(
+        "the WAL started over {restarts} times and peaked at {} MiB",
+        peak >> 20
     );
-    assert!(peak < 512 << 20, "the WAL file reached {} MiB", peak >> 20);
+    assert!(
+        restarts >= 2,
+        "the WAL started over {restarts} times in 2 GB"
+    );
+    assert!(peak < 1 << 30, "the WAL file reached {} MiB", peak >> 20);
 }
 
 /// A reader that keeps one snapshot stops the WAL from starting over, and then every commit
-/// past four times the reset threshold checkpoints (the writers' `wal_autocheckpoint`). Those
+/// past the writers' bound (1 GiB, their `wal_autocheckpoint`) checkpoints. Those
 /// checkpoints must not wait for the reader: a TRUNCATE that waited stalled writes for up
 /// to 10 s (the busy timeout) and then failed them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -594,7 +597,7 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
         .fetch_one(&mut reader)
         .await
         .unwrap();
-    // Past the writers' checkpoint threshold (256 MiB), then 2 s of commits checkpointing.
+    // Past the writers' checkpoint threshold (1 GiB), then 2 s of commits checkpointing.
     let mut slowest = std::time::Duration::ZERO;
     let mut past = None;
     while past.is_none_or(|past: std::time::Instant| past.elapsed().as_secs() < 2) {
@@ -606,10 +609,10 @@ async fn sqlite_writes_go_on_while_a_reader_keeps_an_old_snapshot() {
         slowest = slowest.max(write.elapsed());
         batch += 1;
         assert!(
-            batch < 300,
-            "1.2 GB of WAL written and its file is not past 256 MiB"
+            batch < 500,
+            "2 GB of WAL written and its file is not past 1 GiB"
         );
-        if past.is_none() && file_size(&wal) > 264 << 20 {
+        if past.is_none() && file_size(&wal) > (1 << 30) + (8 << 20) {
             past = Some(std::time::Instant::now());
         }
     }

@@ -7,13 +7,14 @@
 //! everything else. Reads use their own pool and never wait for writes.
 //!
 //! Ingest inserts on a rusqlite connection of its own (cached single-row statements in one
-//! `BEGIN IMMEDIATE` transaction); 4 read-only connections read through a 1 GiB memory map.
+//! `BEGIN IMMEDIATE` transaction); 4 read-only connections read pages by read(2), no map.
 //! The start index keys on `start_unix_nano >> 30` (~1 s buckets), so inserts land at its
 //! right edge; a range query names that expression, then tests the exact start.
 //! Checkpoints stay off the writer's path: a checkpointer connection copies the WAL every
-//! 500 ms (PASSIVE); past 64 MiB of WAL it flushes the database file and asks the writer
-//! to start the WAL over between two transactions. The writers' own checkpoint at commit
-//! (past 256 MiB) bounds the WAL when that falls behind.
+//! 500 ms (PASSIVE); past 64 MiB of WAL it flushes the database file and copies again
+//! until little is left (or the WAL reaches 512 MiB), then asks the writer to start the WAL
+//! over between two transactions. The writers' own checkpoint at commit (past 1 GiB)
+//! bounds the WAL when that falls behind.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -41,24 +42,31 @@ const CHECKPOINT_PERIOD: Duration = Duration::from_millis(500);
 /// WAL frames (4 KiB pages) past which the WAL starts over. Under writes that never pause,
 /// passive checkpoints never reach the last frame and SQLite never starts the WAL over by
 /// itself. So the checkpointer flushes the database file and copies what was committed
-/// meanwhile until little is left (`RESET_LEFT_FRAMES`), then asks the writer
-/// (`WalSignals::reset_due`), which checkpoints between two transactions, when nothing
-/// else commits: the next transaction starts the WAL over. Leaving the whole reset to the
-/// writers' commits (`wal_autocheckpoint` alone) cost much of sustained ingest's throughput
-/// (`budgetscope-bench ingest --spans 1000000`).
+/// meanwhile, round after round, until a round leaves little (`RESET_LEFT_FRAMES`), then
+/// asks the writer (`WalSignals::reset_due`), which checkpoints between two transactions,
+/// when nothing else commits: the next transaction starts the WAL over. Leaving the whole
+/// reset to the writers' commits (`wal_autocheckpoint` alone) cost much of sustained
+/// ingest's throughput (`budgetscope-bench ingest --spans 1000000`).
 const WAL_RESET_FRAMES: i64 = 16_384;
 
 /// Frames a flush-and-copy round of the checkpointer may copy and still leave the writer's
-/// reset checkpoint to copy and flush what follows; more, and it flushes again (at most
-/// three rounds): the writer waits for that checkpoint between two transactions.
+/// reset checkpoint to copy and flush what follows; more, and it flushes again: the writer
+/// waits for that checkpoint between two transactions, and its wait grows with what the
+/// last round left.
 const RESET_LEFT_FRAMES: i64 = 256;
 
-/// The writers' own checkpoint at commit (SQLite's `wal_autocheckpoint`), at four times
-/// `WAL_RESET_FRAMES`: it bounds the WAL when the checkpointer falls behind the writes or
-/// readers keep older snapshots past a reset, and it is retried at every commit. At twice,
-/// it fired under steady load, in the writer's commits, and raised the export p99
-/// (BENCHMARKS.md, "WAL").
-const WAL_BOUND_FRAMES: &str = "65536";
+/// The WAL past which the checkpointer stops its rounds and leaves the rest to the writer's
+/// reset, however much that is: half of `WAL_BOUND_FRAMES`, so that the reset comes before
+/// the writers' own checkpoint at commit.
+const ROUNDS_UNTIL_FRAMES: i64 = 131_072;
+
+/// The writers' own checkpoint at commit (SQLite's `wal_autocheckpoint`), sixteen times
+/// `WAL_RESET_FRAMES` (1 GiB): it bounds the WAL only when the checkpointer falls behind the
+/// writes or readers keep older snapshots past a reset, and it is retried at every commit.
+/// In a burst the WAL grows past four times `WAL_RESET_FRAMES` before the checkpointer's
+/// rounds catch up, and this checkpoint, copying in the writer's commit, set the export
+/// p99 (BENCHMARKS.md, "Burst beside the analyzer").
+const WAL_BOUND_FRAMES: &str = "262144";
 
 pub struct SqliteBackend {
     /// The lock on `<file>.lock` that makes the file this server's (`own_file`); `None` in
@@ -641,7 +649,7 @@ async fn start_checkpointer(
             }
             match checkpoint {
                 Ok((_, frames, mut copied)) if frames > WAL_RESET_FRAMES => {
-                    for _ in 0..3 {
+                    loop {
                         let file = database.clone();
                         let synced = tokio::task::spawn_blocking(move || {
                             std::fs::File::open(file).and_then(|file| file.sync_data())
@@ -652,7 +660,12 @@ async fn start_checkpointer(
                         }
                         // What the writer committed during the flush.
                         match passive_checkpoint(&mut conn).await {
-                            Ok((_, _, now)) if now - copied > RESET_LEFT_FRAMES => copied = now,
+                            Ok((_, frames, now))
+                                if now - copied > RESET_LEFT_FRAMES
+                                    && frames < ROUNDS_UNTIL_FRAMES =>
+                            {
+                                copied = now
+                            }
                             _ => break,
                         }
                     }
