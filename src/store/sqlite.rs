@@ -56,9 +56,9 @@ const WAL_RESET_FRAMES: i64 = 16_384;
 const RESET_LEFT_FRAMES: i64 = 256;
 
 /// The WAL past which the checkpointer stops its rounds and leaves the rest to the writer's
-/// reset, however much that is: half of `WAL_BOUND_FRAMES`, so that the reset comes before
-/// the writers' own checkpoint at commit.
-const ROUNDS_UNTIL_FRAMES: i64 = 131_072;
+/// reset, however much that is: half of `WAL_BOUND_FRAMES` (512 MiB), so that the reset
+/// comes before the writers' own checkpoint at commit.
+const ROUNDS_UNTIL_FRAMES: i64 = 8 * WAL_RESET_FRAMES;
 
 /// The writers' own checkpoint at commit (SQLite's `wal_autocheckpoint`), sixteen times
 /// `WAL_RESET_FRAMES` (1 GiB): it bounds the WAL only when the checkpointer falls behind the
