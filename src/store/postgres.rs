@@ -116,6 +116,9 @@ impl PostgresBackend {
     /// knows a term is common: with the statistics of a smaller table it sorts every match
     /// instead (`budgetscope-bench query --db postgres://…`; tests/store_conformance.rs
     /// pins the refresh).
+    /// The span rows waiting for analysis and compaction too: with no statistics, the
+    /// planner took each read of a pass's traces for most of a large backlog and scanned
+    /// the table whole (`budgetscope-bench retention`, the analysis pass's `read_ms`).
     /// Autovacuum does this too when it is on, but it may be off, and it lags bulk loads.
     async fn refresh_statistics(&self, written: u64) {
         use std::sync::atomic::Ordering;
@@ -136,7 +139,7 @@ impl PostgresBackend {
         }
         let started = std::time::Instant::now();
         let result = sqlx::query(
-            "ANALYZE trace_terms, trace_summaries, hop_rollups, hop_rollups_hourly, dirty_traces",
+            "ANALYZE trace_terms, trace_summaries, hop_rollups, hop_rollups_hourly, dirty_traces, spans",
         )
         .execute(&self.pool)
         .await;
