@@ -110,15 +110,16 @@ impl PostgresBackend {
         })
     }
 
-    /// Refreshes the planner statistics of the search and rollup tables once the summaries
+    /// Refreshes the planner statistics of the search, rollup and queue tables once the summaries
     /// written since the last refresh reach 10 % of the total (and 10,000). Searches drive
     /// from `trace_terms` newest first and stop at their limit, but only when the planner
     /// knows a term is common: with the statistics of a smaller table it sorts every match
     /// instead (`budgetscope-bench query --db postgres://…`; tests/store_conformance.rs
     /// pins the refresh).
-    /// The span rows waiting for analysis and compaction too: with no statistics, the
-    /// planner took each read of a pass's traces for most of a large backlog and scanned
-    /// the table whole (`budgetscope-bench retention`, the analysis pass's `read_ms`).
+    /// The span rows waiting for analysis and compaction are among them: without
+    /// statistics, the planner took each read of a pass's traces for most of a large
+    /// backlog and scanned the table whole (`budgetscope-bench retention`, the analysis
+    /// pass's `read_ms`).
     /// Autovacuum does this too when it is on, but it may be off, and it lags bulk loads.
     async fn refresh_statistics(&self, written: u64) {
         use std::sync::atomic::Ordering;
