@@ -1260,6 +1260,18 @@ async fn postgres_rollup_tables_leave_room_for_updates_in_place() {
     );
 }
 
+/// When Postgres last analysed `table` of the current schema by request (not autovacuum).
+async fn last_analyze(conn: &mut sqlx::PgConnection, table: &str) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT last_analyze::text FROM pg_stat_user_tables \
+         WHERE schemaname = current_schema() AND relname = $1",
+    )
+    .bind(table)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
 /// Regression: on Postgres with autovacuum off (as on the project's machine), a search for a
 /// common term sorted every match (109 ms at 57k traces) because the planner still had the
 /// statistics of an empty table. The store refreshes them as summaries accumulate.
@@ -1289,27 +1301,13 @@ async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
         .fetch_one(&mut conn)
         .await
         .unwrap();
-    let url = db.url.clone();
-    let analysed = |table: &'static str| {
-        let url = url.clone();
-        async move {
-            sqlx::query_scalar::<_, Option<String>>(
-                "SELECT last_analyze::text FROM pg_stat_user_tables \
-             WHERE schemaname = current_schema() AND relname = $1",
-            )
-            .bind(table)
-            .fetch_one(&mut sqlx::PgConnection::connect(&url).await.unwrap())
-            .await
-            .unwrap()
-        }
-    };
     for chunk in summaries.chunks(1_000).take(9) {
         store.write_summaries(chunk, &[]).await.unwrap();
     }
     if autovacuum == "off" {
         // With autovacuum on, it may have analysed the table itself by now.
         assert_eq!(
-            analysed("trace_terms").await,
+            last_analyze(&mut conn, "trace_terms").await,
             None,
             "9,000 summaries: not yet"
         );
@@ -1322,7 +1320,7 @@ async fn postgres_refreshes_planner_statistics_as_summaries_accumulate() {
     // was a scan of the whole table without statistics).
     for table in ["trace_terms", "spans"] {
         assert!(
-            analysed(table).await.is_some(),
+            last_analyze(&mut conn, table).await.is_some(),
             "10,000 summaries: {table} refreshed"
         );
     }
